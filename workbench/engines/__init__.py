@@ -1,0 +1,1 @@
+"""Inference engines behind one contract (`base.py`); look them up lazily via `registry.py`."""

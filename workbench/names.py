@@ -1,0 +1,80 @@
+"""Column, metric, tag and artifact names in one place, so MLflow queries and plots agree.
+
+Metric names are "<group>/<name>", e.g. "quality/recall@10", "latency/e2e_p99_ms".
+"""
+
+from __future__ import annotations
+
+# ---- dataset columns ------------------------------------------------------------------------
+USER = "user"  # integer user index 0..n_users-1
+ITEM = "item"  # integer item index 0..n_items-1
+TIMESTAMP = "timestamp"
+RATING = "rating"
+TITLE = "title"
+YEAR = "year"
+GENRES = "genres"
+RAW_USER = "raw_user_id"
+RAW_ITEM = "raw_item_id"
+
+# ---- methods and engines --------------------------------------------------------------------
+METHODS = ("none", "none_long", "text_history", "user_sid", "soft_token")
+ENGINES = ("torch", "hf", "vllm", "sglang", "trtllm")
+DATASETS = ("ml-100k", "ml-1m")
+
+# ---- quality metrics ------------------------------------------------------------------------
+KS = (5, 10, 30)
+
+
+def recall_at(k: int) -> str:
+    return f"quality/recall@{k}"
+
+
+def ndcg_at(k: int) -> str:
+    return f"quality/ndcg@{k}"
+
+
+MRR = "quality/mrr"
+SID_VALIDITY = "quality/sid_validity"
+COVERAGE = "quality/coverage"
+PROMPT_TOKENS_MEAN = "prompt/tokens_mean"
+PROMPT_TOKENS_P95 = "prompt/tokens_p95"
+
+# ---- semantic-ID stats ----------------------------------------------------------------------
+SID_COLLISION_RATE = "sid/collision_rate"
+SID_MAX_GROUP = "sid/max_prefix_group"
+SID_QUANT_ERROR = "sid/quantization_error"
+
+
+def sid_utilization(level: int) -> str:
+    return f"sid/utilization_l{level}"
+
+
+USER_SID_SHARED = "user_sid/shared_share"
+
+# ---- latency / load metrics -----------------------------------------------------------------
+E2E_P50 = "latency/e2e_p50_ms"
+E2E_P90 = "latency/e2e_p90_ms"
+E2E_P99 = "latency/e2e_p99_ms"
+TTFT_P50 = "latency/ttft_p50_ms"
+TTFT_P99 = "latency/ttft_p99_ms"
+THROUGHPUT = "load/throughput_qps"
+OFFERED_RATE = "load/offered_qps"
+FAILURES = "load/failures"
+GOODPUT = "load/goodput_qps"
+SATURATION_QPS = "load/saturation_qps"
+CLIENT_CPU = "load/client_cpu_share"
+COST_PER_1M = "cost/usd_per_1m_requests"
+COST_RELATIVE = "cost/relative_to_reference"
+
+# ---- run tags ---------------------------------------------------------------------------------
+TAG_STAGE = "workbench.stage"
+TAG_METHOD = "workbench.method"
+TAG_ENGINE = "workbench.engine"
+TAG_MODE = "workbench.mode"  # constrained | unconstrained | emulated
+TAG_DTYPE = "workbench.dtype"
+TAG_WORKLOAD = "workbench.workload"
+TAG_CHECKPOINT = "workbench.checkpoint"
+TAG_DATASET = "workbench.dataset"
+TAG_CONFIG_HASH = "workbench.config_hash"
+TAG_GIT_COMMIT = "workbench.git_commit"
+TAG_EXPERIMENT_FILE = "workbench.experiment_file"

@@ -1,0 +1,250 @@
+"""MLflow tracking: one store, self-describing runs, failures kept.
+
+Store: `sqlite:///<repo>/mlruns/mlflow.db` with artifacts under `mlruns/artifacts`, unless
+`MLFLOW_TRACKING_URI` is set (tests point it at a temporary folder). Telemetry is off (no network).
+
+A study is a parent run per experiment file with child runs per stage or variant:
+
+    with start_run("quickstart", config=cfg, experiment_file=path) as parent:
+        with start_run("semantic_ids", parent=parent, tags={...}) as child:
+            log_metrics({...})
+
+Every run logs the full config, git commit, package versions and hardware. A run whose body
+raises is ended FAILED with the error text as a tag and artifact; what it logged before stays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import subprocess
+import traceback
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterator
+
+from workbench import names
+from workbench.paths import REPO_ROOT, mlruns_dir
+
+_VERSION_PACKAGES = (
+    "torch", "transformers", "tokenizers", "sentence-transformers", "mlflow", "numpy", "pandas",
+    "implicit", "pydantic", "vllm", "sglang", "tensorrt-llm",
+)  # fmt: skip
+
+
+def tracking_uri() -> str:
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    d = mlruns_dir().resolve()
+    d.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{d / 'mlflow.db'}"
+
+
+def artifact_root() -> str:
+    return str((mlruns_dir() / "artifacts").resolve())
+
+
+def _mlflow():
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    import logging
+
+    import mlflow
+
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    mlflow.set_tracking_uri(tracking_uri())
+    return mlflow
+
+
+def get_experiment_id(name: str) -> str:
+    mlflow = _mlflow()
+    exp = mlflow.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    loc = None
+    if not os.environ.get("MLFLOW_TRACKING_URI"):
+        loc = Path(artifact_root(), name).as_uri()
+    return mlflow.create_experiment(name, artifact_location=loc)
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5
+        ).stdout.strip()
+        return out + ("-dirty" if dirty else "")
+    except Exception:  # noqa: BLE001 - not a git checkout (e.g. installed wheel)
+        return "unknown"
+
+
+def package_versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for pkg in _VERSION_PACKAGES:
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def hardware() -> dict[str, Any]:
+    info: dict[str, Any] = {"machine": platform.machine(), "cpus": os.cpu_count(), "system": platform.system()}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu_model"] = line.split(":", 1)[1].strip()
+                break
+        mem = Path("/proc/meminfo").read_text().split()[1]
+        info["mem_gib"] = round(int(mem) / 2**20, 1)
+    except OSError:
+        pass
+    if "torch" in __import__("sys").modules:  # don't import torch just to describe the machine
+        import torch
+
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+@contextlib.contextmanager
+def start_run(
+    run_name: str,
+    *,
+    experiment: str | None = None,
+    parent=None,
+    config=None,
+    experiment_file: str | None = None,
+    tags: dict[str, str] | None = None,
+) -> Iterator[Any]:
+    """Start a (child) run that describes itself; end it FAILED, with the error kept, if the body raises.
+
+    `parent` is a parent run (as yielded by this function); children go in the parent's experiment.
+    `config` (a pydantic model or dict) is logged as params (flattened) and as `config.json`.
+    """
+    mlflow = _mlflow()
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    if parent is not None:
+        exp_id = parent.info.experiment_id
+    else:
+        exp_id = get_experiment_id(experiment or run_name)
+    all_tags = {
+        names.TAG_GIT_COMMIT: git_commit(),
+        "mlflow.runName": run_name,
+    }
+    if parent is not None:
+        all_tags["mlflow.parentRunId"] = parent.info.run_id
+    if experiment_file:
+        all_tags[names.TAG_EXPERIMENT_FILE] = str(experiment_file)
+    all_tags.update(tags or {})
+    run = client.create_run(exp_id, tags=all_tags, run_name=run_name)
+    rid = run.info.run_id
+    cfg_dict = None
+    if config is not None:
+        cfg_dict = config.model_dump(mode="json") if hasattr(config, "model_dump") else dict(config)
+        from workbench.config import section_hash
+
+        client.set_tag(rid, names.TAG_CONFIG_HASH, section_hash(cfg_dict))
+        params = {k: str(v)[:6000] for k, v in _flatten(cfg_dict).items()}
+        items = list(params.items())
+        from mlflow.entities import Param
+
+        for i in range(0, len(items), 100):
+            client.log_batch(rid, params=[Param(k, v) for k, v in items[i : i + 100]])
+    client.log_dict(rid, {"versions": package_versions(), "hardware": hardware()}, "environment.json")
+    if cfg_dict is not None:
+        client.log_dict(rid, cfg_dict, "config.json")
+    handle = _RunHandle(client, run)
+    try:
+        yield handle
+    except BaseException as e:  # KeyboardInterrupt too: mark it, keep what was logged
+        status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
+        with contextlib.suppress(Exception):
+            client.set_tag(rid, "workbench.error", f"{type(e).__name__}: {e}"[:5000])
+            client.log_text(rid, traceback.format_exc(), "error.txt")
+        with contextlib.suppress(Exception):
+            client.set_terminated(rid, status=status)
+        raise
+    else:
+        client.set_terminated(rid, status="FINISHED")
+
+
+class _RunHandle:
+    """A live run: `.info` like mlflow's Run, plus logging helpers bound to this run id."""
+
+    def __init__(self, client, run):
+        self.client = client
+        self.info = run.info
+
+    @property
+    def run_id(self) -> str:
+        return self.info.run_id
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        import math
+        import time
+
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        ms = [
+            Metric(k, float(v), ts, step or 0)
+            for k, v in metrics.items()
+            if v is not None and isinstance(v, (int, float)) and math.isfinite(float(v))
+        ]
+        for i in range(0, len(ms), 500):
+            self.client.log_batch(self.run_id, metrics=ms[i : i + 500])
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, str(v)[:6000]) for k, v in _flatten(params).items()]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, params=items[i : i + 100])
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        for k, v in tags.items():
+            self.client.set_tag(self.run_id, k, str(v))
+
+    def log_dict(self, d: Any, artifact_file: str) -> None:
+        self.client.log_dict(self.run_id, json.loads(json.dumps(d, default=str)), artifact_file)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self.client.log_text(self.run_id, text, artifact_file)
+
+    def log_figure(self, fig, artifact_file: str) -> None:
+        self.client.log_figure(self.run_id, fig, artifact_file)
+
+    def log_table(self, df, artifact_file: str) -> None:
+        """A pandas DataFrame as CSV (human-readable) plus JSON records (machine-readable)."""
+        self.client.log_text(self.run_id, df.to_csv(index=False), artifact_file)
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+
+def ui_hint(run_id: str) -> str:
+    uri = tracking_uri()
+    return (
+        f"MLflow run {run_id} in {uri}\n"
+        f"  open the UI: .venv/bin/mlflow ui --backend-store-uri {uri} --port 5000  (then http://127.0.0.1:5000)"
+    )
