@@ -130,6 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["microbench"]:  # forwards its own flags (argparse REMAINDER misses leading --flags)
+        from workbench.microbench import main as microbench_main
+
+        return microbench_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

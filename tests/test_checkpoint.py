@@ -1,0 +1,71 @@
+"""Checkpoint format: save/load round trip, and clear errors for broken directories."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from workbench.checkpoint import META_FILE, CheckpointError, load_checkpoint, read_meta  # noqa: E402
+from workbench.projector import SoftTokenProjector  # noqa: E402
+from workbench.testing import make_random_checkpoint  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def ck_dir(tmp_path_factory):
+    return make_random_checkpoint(tmp_path_factory.mktemp("ck") / "ck", arch="qwen3", n_items=50, levels=(4, 4), seed=3)
+
+
+def test_round_trip(ck_dir):
+    ck = load_checkpoint(ck_dir)
+    assert ck.meta.method == "soft_token" and ck.meta.user_vector_dim == 16
+    assert ck.model.config.vocab_size == ck.meta.layout.vocab_size
+    assert ck.catalog.n_items == 50 and ck.catalog.depth == 3
+    assert isinstance(ck.projector, SoftTokenProjector)
+    assert ck.projector(torch.zeros(2, 16)).shape == (2, ck.model.config.hidden_size)
+    # the tokenizer knows the SID tokens and the placeholder
+    ids = ck.tokenizer("w5 <a_1><b_2><|user|>")["input_ids"]
+    layout = ck.meta.layout
+    assert ids == [5, layout.item_level_offset(0) + 1, layout.item_level_offset(1) + 2, layout.placeholder_id]
+    # a second load gives the same weights and outputs
+    again = load_checkpoint(ck_dir)
+    x = torch.tensor([[5, 6, 7]])
+    assert torch.equal(ck.model(x).logits, again.model(x).logits)
+    assert np.array_equal(ck.catalog.item_codes, again.catalog.item_codes)
+
+
+def test_bfloat16_load(ck_dir):
+    ck = load_checkpoint(ck_dir, dtype="bfloat16")
+    assert next(ck.model.parameters()).dtype == torch.bfloat16
+
+
+def test_projector_kinds():
+    for kind in ("linear", "mlp"):
+        p = SoftTokenProjector(8, 32, kind)
+        assert p(torch.randn(3, 8)).shape == (3, 32)
+    with pytest.raises(ValueError, match="unknown projector kind"):
+        SoftTokenProjector(8, 32, "conv")
+    with pytest.raises(ValueError, match="expects 8"):
+        SoftTokenProjector(8, 32)(torch.randn(1, 7))
+
+
+def test_clear_errors(ck_dir, tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_checkpoint(tmp_path / "nope")
+    with pytest.raises(CheckpointError, match="workbench.json is missing"):
+        read_meta(tmp_path)
+    with pytest.raises(CheckpointError, match="unknown dtype"):
+        load_checkpoint(ck_dir, dtype="float8")
+    d = json.loads((ck_dir / META_FILE).read_text())
+    d["format_version"] = 99
+    (tmp_path / META_FILE).write_text(json.dumps(d))
+    with pytest.raises(CheckpointError, match="newer"):
+        read_meta(tmp_path)
+
+
+def test_no_projector(tmp_path):
+    ck = load_checkpoint(make_random_checkpoint(tmp_path / "plain", n_items=20, levels=(4,), soft_token=False))
+    assert ck.projector is None and ck.meta.user_vector_dim is None and ck.meta.method == "none"

@@ -1,0 +1,314 @@
+"""A hand-written forward for Qwen3 / Llama decoders, built for shared-prefix work.
+
+Why not call the HF module: the engine needs attention layouts HF does not offer. One forward runs
+any mix of *segments* over one flat set of token rows (the linear layers, which dominate the cost,
+see every row at once):
+
+- `PrefillSegment`: whole prompts, causal attention with torch SDPA (fast on CPU and CUDA); their
+  K/V come back padded per layer and become the prompts' KV caches.
+- `SharedSegment`: R groups, each with a prompt KV cache that is *shared* by S streams (the beams
+  of a request, or the candidates of a score request). Every stream has its own short KV (earlier
+  generated tokens) plus Lq new query tokens. A query attends to [its group's prompt KV | its own
+  stream's KV up to itself]; the prompt KV is never copied per stream. Positions continue after
+  the prompt for every stream (so candidates restart at the same position).
+
+Numerics follow the HF modules (RMSNorm in float32, RoPE from the model's own rotary module,
+`head_dim ** -0.5` scaling) so fp32 results match `transformers` to ~1e-6.
+
+Shapes: H query heads, Hkv KV heads, g = H // Hkv, D head dim; query head h uses KV head h // g.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+SUPPORTED_MODEL_TYPES = ("qwen3", "llama")
+
+
+class UnsupportedModel(ValueError):
+    pass
+
+
+def rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor:
+    dt = x.dtype
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return w * x32.to(dt)
+
+
+# BLAS takes a different (gemv) code path for 1-2 rows, whose rounding differs from the gemm path;
+# padding tiny row batches to MIN_ROWS makes every row's result independent of its batch.
+MIN_ROWS = 4
+
+
+def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+    n = x.shape[0]
+    if n >= MIN_ROWS:
+        return F.linear(x, w, b)
+    return F.linear(F.pad(x, (0, 0, 0, MIN_ROWS - n)), w, b)[:n]
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+@dataclass
+class LayerWeights:
+    ln1: Tensor
+    wqkv: Tensor  # [(H + 2 Hkv) D, hidden]
+    bqkv: Tensor | None
+    q_norm: Tensor | None
+    k_norm: Tensor | None
+    wo: Tensor
+    bo: Tensor | None
+    ln2: Tensor
+    w_gate_up: Tensor  # [2 I, hidden]
+    w_down: Tensor
+
+
+@dataclass
+class PrefillSegment:
+    """Whole prompts laid out consecutively (no padding) in the row batch."""
+
+    lengths: list[int]
+    # filled by the forward: per layer, per prompt (k, v), each [Hkv, L, D]
+    kv: list[list[tuple[Tensor, Tensor]]] = field(default_factory=list)
+
+    @property
+    def n_rows(self) -> int:
+        return sum(self.lengths)
+
+
+@dataclass
+class SharedSegment:
+    """R groups x S streams x Lq query tokens attending to a shared prompt KV plus their own KV.
+
+    Rows are the valid (r, s, i) slots in any order given by `r_idx`, `s_idx`, `i_idx`.
+    `prompt_kv[layer] = (k, v)` with k [R, Hkv, Pmax, D]; `prompt_len` [R].
+    `past_kv[layer] = (k, v)` with k [R, S, Hkv, Tpast, D] (may be None); `past_len` [R]: the own
+    tokens of every stream of group r already cached (0 for scoring).
+    """
+
+    R: int
+    S: int
+    Lq: int
+    r_idx: Tensor
+    s_idx: Tensor
+    i_idx: Tensor
+    prompt_kv: list[tuple[Tensor, Tensor]]
+    prompt_len: Tensor
+    past_kv: list[tuple[Tensor, Tensor]] | None
+    past_len: Tensor
+    # filled by the forward: per layer (k, v) [R, S, Hkv, Tpast + Lq, D] = past + the new tokens
+    own_kv: list[tuple[Tensor, Tensor]] = field(default_factory=list)
+    _mask: Tensor | None = None
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.r_idx.numel())
+
+    @property
+    def t_past(self) -> int:
+        return 0 if self.past_kv is None else int(self.past_kv[0][0].shape[3])
+
+    def positions(self) -> Tensor:
+        return self.prompt_len[self.r_idx] + self.past_len[self.r_idx] + self.i_idx
+
+
+class FastLM:
+    """Weights of a Qwen3/Llama causal LM, re-laid out for fused matmuls, and the segment forward."""
+
+    def __init__(self, hf_model, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+        cfg = hf_model.config
+        if cfg.model_type not in SUPPORTED_MODEL_TYPES:
+            raise UnsupportedModel(
+                f"the torch engine implements {SUPPORTED_MODEL_TYPES}, not {cfg.model_type!r}; use the hf engine"
+            )
+        if getattr(cfg, "use_sliding_window", False):
+            raise UnsupportedModel("sliding-window attention is not implemented in the torch engine; use the hf engine")
+        if getattr(cfg, "hidden_act", "silu") != "silu":
+            raise UnsupportedModel(f"activation {cfg.hidden_act!r} is not implemented (silu only)")
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.group = self.n_heads // self.n_kv
+        self.eps = cfg.rms_norm_eps
+        self.hidden = cfg.hidden_size
+        self.vocab_size = cfg.vocab_size
+        self.scale = self.head_dim**-0.5
+        rot = hf_model.model.rotary_emb
+        self.inv_freq = rot.inv_freq.detach().float().to(self.device)
+        self.rope_scaling = float(getattr(rot, "attention_scaling", 1.0))
+
+        def t(x):
+            return None if x is None else x.detach().to(device=self.device, dtype=dtype).contiguous()
+
+        m = hf_model.model
+        self.embed = t(m.embed_tokens.weight)
+        self.norm = t(m.norm.weight)
+        self.lm_head = t(hf_model.lm_head.weight)
+        self.layers: list[LayerWeights] = []
+        for layer in m.layers:
+            a, mlp = layer.self_attn, layer.mlp
+            bias = a.q_proj.bias
+            self.layers.append(
+                LayerWeights(
+                    ln1=t(layer.input_layernorm.weight),
+                    wqkv=t(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])),
+                    bqkv=None if bias is None else t(torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])),
+                    q_norm=t(a.q_norm.weight) if hasattr(a, "q_norm") else None,
+                    k_norm=t(a.k_norm.weight) if hasattr(a, "k_norm") else None,
+                    wo=t(a.o_proj.weight),
+                    bo=t(a.o_proj.bias),
+                    ln2=t(layer.post_attention_layernorm.weight),
+                    w_gate_up=t(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+                    w_down=t(mlp.down_proj.weight),
+                )
+            )
+            if getattr(mlp.gate_proj, "bias", None) is not None:
+                raise UnsupportedModel("MLP biases are not implemented in the torch engine; use the hf engine")
+
+    # ---- sizes -------------------------------------------------------------------------------
+    def n_params(self) -> int:
+        n = self.embed.numel() + self.norm.numel() + self.lm_head.numel()
+        for lw in self.layers:
+            n += sum(x.numel() for x in vars(lw).values() if isinstance(x, Tensor))
+        return n
+
+    def kv_bytes_per_token(self) -> int:
+        return 2 * len(self.layers) * self.n_kv * self.head_dim * self.embed.element_size()
+
+    def flops_per_token(self, context: int = 0) -> float:
+        """Matmul FLOPs of one token (weights, lm_head excluded) plus attention over `context` keys."""
+        w = sum(lw.wqkv.numel() + lw.wo.numel() + lw.w_gate_up.numel() + lw.w_down.numel() for lw in self.layers)
+        return 2.0 * w + 4.0 * len(self.layers) * self.n_heads * self.head_dim * context
+
+    # ---- pieces ------------------------------------------------------------------------------
+    def embed_ids(self, ids: Tensor) -> Tensor:
+        return F.embedding(ids.to(self.device), self.embed)
+
+    def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        freqs = positions.to(self.device).float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * self.rope_scaling).to(self.dtype)[:, None, :]  # [N, 1, D]
+        sin = (emb.sin() * self.rope_scaling).to(self.dtype)[:, None, :]
+        return cos, sin
+
+    def logits(self, h: Tensor) -> Tensor:
+        """Final-normed hidden rows [N, hidden] -> logits [N, vocab] (in the model dtype)."""
+        return linear(h, self.lm_head)
+
+    def log_probs(self, h: Tensor) -> Tensor:
+        return torch.log_softmax(self.logits(h).float(), dim=-1)
+
+    # ---- the forward -------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, x: Tensor, segments: list, positions: Tensor | None = None) -> Tensor:
+        """x: [N, hidden] input embeddings of all rows, segment after segment. Returns final-normed rows."""
+        if positions is None:
+            positions = torch.cat([self._positions(s) for s in segments])
+        cos, sin = self.rope(positions)
+        for seg in segments:
+            if isinstance(seg, PrefillSegment):
+                seg.kv = []
+            else:
+                seg.own_kv = []
+                seg._mask = None
+        H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
+        for li, lw in enumerate(self.layers):
+            h = rms_norm(x, lw.ln1, self.eps)
+            qkv = linear(h, lw.wqkv, lw.bqkv)
+            q = qkv[:, : H * D].view(-1, H, D)
+            k = qkv[:, H * D : (H + Hkv) * D].view(-1, Hkv, D)
+            v = qkv[:, (H + Hkv) * D :].view(-1, Hkv, D)
+            if lw.q_norm is not None:
+                q = rms_norm(q, lw.q_norm, self.eps)
+                k = rms_norm(k, lw.k_norm, self.eps)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            outs, off = [], 0
+            for seg in segments:
+                n = seg.n_rows
+                sl = slice(off, off + n)
+                if isinstance(seg, PrefillSegment):
+                    outs.append(self._attend_prefill(seg, q[sl], k[sl], v[sl]))
+                else:
+                    outs.append(self._attend_shared(seg, li, q[sl], k[sl], v[sl]))
+                off += n
+            o = outs[0] if len(outs) == 1 else torch.cat(outs)
+            x = x + linear(o, lw.wo, lw.bo)
+            h = rms_norm(x, lw.ln2, self.eps)
+            gu = linear(h, lw.w_gate_up)
+            inter = gu.shape[-1] // 2
+            x = x + linear(F.silu(gu[:, :inter]) * gu[:, inter:], lw.w_down)
+        return rms_norm(x, self.norm, self.eps)
+
+    def _positions(self, seg) -> Tensor:
+        if isinstance(seg, PrefillSegment):
+            return torch.cat([torch.arange(n) for n in seg.lengths]).to(self.device)
+        return seg.positions()
+
+    def _attend_prefill(self, seg: PrefillSegment, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        # One causal SDPA call per prompt (rows of a prompt are consecutive): the result of a prompt
+        # never depends on what else is in the batch, and matches an HF forward bit for bit.
+        H, D = self.n_heads, self.head_dim
+        outs, kvs, off = [], [], 0
+        for L in seg.lengths:
+            qp, kp, vp = (z[off : off + L].transpose(0, 1) for z in (q, k, v))  # [heads, L, D]
+            kvs.append((kp, vp))
+            o = F.scaled_dot_product_attention(
+                qp[None], kp[None], vp[None], is_causal=True, scale=self.scale, enable_gqa=self.group > 1
+            )  # [1, H, L, D]
+            outs.append(o[0].transpose(0, 1).reshape(L, H * D))
+            off += L
+        seg.kv.append(kvs)
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    def _attend_shared(self, seg: SharedSegment, li: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        H, Hkv, D, g = self.n_heads, self.n_kv, self.head_dim, self.group
+        R, S, Lq = seg.R, seg.S, seg.Lq
+        tp = seg.t_past
+        T = tp + Lq
+        own_k = k.new_zeros(R, S, Hkv, T, D)
+        own_v = v.new_zeros(R, S, Hkv, T, D)
+        if tp:
+            pk, pv = seg.past_kv[li]
+            own_k[:, :, :, :tp] = pk
+            own_v[:, :, :, :tp] = pv
+        pos = seg.past_len[seg.r_idx] + seg.i_idx
+        own_k[seg.r_idx, seg.s_idx, :, pos] = k
+        own_v[seg.r_idx, seg.s_idx, :, pos] = v
+        seg.own_kv.append((own_k, own_v))
+        kP, vP = seg.prompt_kv[li]  # [R, Hkv, Pmax, D]
+        pmax = kP.shape[2]
+        grid = (seg.r_idx * S + seg.s_idx) * Lq + seg.i_idx
+        qg = q.new_zeros(R * S * Lq, H, D)
+        qg[grid] = q
+        # [R, S, Lq, Hkv, g, D] -> [R, Hkv, S, g, Lq, D]
+        qg = qg.view(R, S, Lq, Hkv, g, D).permute(0, 3, 1, 4, 2, 5).reshape(R, Hkv, S * g * Lq, D)
+        s1 = torch.matmul(qg, kP.transpose(-1, -2)).view(R, Hkv, S, g * Lq, pmax)
+        ok = own_k.permute(0, 2, 1, 3, 4)  # [R, Hkv, S, T, D]
+        ov = own_v.permute(0, 2, 1, 3, 4)
+        s2 = torch.matmul(qg.view(R, Hkv, S, g * Lq, D), ok.transpose(-1, -2))  # [R, Hkv, S, g Lq, T]
+        s = torch.cat([s1, s2], dim=-1).float() * self.scale
+        if seg._mask is None:
+            dev = q.device
+            kp_ok = torch.arange(pmax, device=dev)[None, :] < seg.prompt_len[:, None]  # [R, Pmax]
+            lim = seg.past_len[:, None] + torch.arange(Lq, device=dev)[None, :]  # [R, Lq]
+            own_ok = torch.arange(T, device=dev)[None, None, :] <= lim[:, :, None]  # [R, Lq, T]
+            m = torch.cat([kp_ok[:, None, :].expand(R, Lq, pmax), own_ok], dim=-1)  # [R, Lq, Pmax+T]
+            seg._mask = m[:, None, None, None]  # [R, 1, 1, 1, Lq, Pmax+T]
+        s = s.view(R, Hkv, S, g, Lq, pmax + T).masked_fill(~seg._mask, float("-inf"))
+        p = torch.softmax(s, dim=-1).to(q.dtype)
+        p1 = p[..., :pmax].reshape(R, Hkv, S * g * Lq, pmax)
+        p2 = p[..., pmax:].reshape(R, Hkv, S, g * Lq, T)
+        o = torch.matmul(p1, vP).view(R, Hkv, S, g, Lq, D) + torch.matmul(p2, ov).view(R, Hkv, S, g, Lq, D)
+        o = o.permute(0, 2, 4, 1, 3, 5).reshape(R * S * Lq, H * D)
+        return o[grid]

@@ -1,0 +1,264 @@
+"""`workbench microbench`: the torch engine vs the plain `hf` baseline, side by side, same model and prompts.
+
+Measures, in one run (a script, not a timed test):
+
+- beam search (prompt 512, beam 30, 5 new tokens, constrained, 32 concurrent): torch vs hf, as
+  time per request (hf runs requests one after another, so its per-request time is its wall time
+  over the requests it ran; `--hf-requests` limits how many, since it is ~30x slower);
+- multi-item scoring (prompt 512, 500 candidates of 5 tokens): one pass vs fan-out (hf; with
+  `--hf-candidates` below 500 the fan-out time is scaled linearly per candidate, and says so);
+- soft-token overhead: the same beam workload with a user vector vs plain token ids;
+- achieved FLOP/s of the torch engine on the beam workload over a matmul rate measured in the
+  same process (the compute roofline of this machine);
+- KV-cache bytes held at beam 30 vs beam 1 (shared prompt KV, not one copy per beam);
+- throughput at 32 concurrent requests vs 1 (batching works).
+
+Prints a table and, last, one JSON line with every number. Example:
+
+    workbench microbench --model tiny --quick
+    workbench microbench --model small            # ~25M-parameter Qwen3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MODELS = {
+    # ~2.4M parameters
+    "tiny": dict(hidden_size=128, num_layers=12, num_attention_heads=4, num_key_value_heads=2, intermediate_size=384),
+    # ~25M parameters
+    "small": dict(hidden_size=512, num_layers=8, num_attention_heads=8, num_key_value_heads=4, intermediate_size=1536),
+}
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="workbench microbench", description=__doc__.split("\n")[0])
+    p.add_argument("--model", choices=sorted(MODELS), default="tiny", help="tiny ~2.4M or small ~25M params (random Qwen3)")
+    p.add_argument("--checkpoint", default=None, help="use this checkpoint instead of a random one")
+    p.add_argument("--quick", action="store_true", help="fewer hf requests/candidates and repeats (about a minute)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--beam", type=int, default=30)
+    p.add_argument("--new-tokens", type=int, default=5, help="also the SID depth of the random catalog")
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--candidates", type=int, default=500)
+    p.add_argument("--hf-requests", type=int, default=None, help="beam requests run on hf (default 4, quick 1)")
+    p.add_argument("--hf-candidates", type=int, default=None, help="candidates scored by hf fan-out (default 500, quick 50)")
+    p.add_argument("--max-batch-tokens", type=int, default=16384)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    return p.parse_args(argv)
+
+
+def matmul_gflops(dtype, device, n: int = 1024, seconds: float = 1.0) -> float:
+    import torch
+
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
+    for _ in range(3):
+        a @ b
+    reps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a @ b
+        reps += 1
+    if device != "cpu":
+        torch.cuda.synchronize()
+    return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e9
+
+
+def build_checkpoint(args, tmp: Path) -> Path:
+    from workbench.testing import make_random_checkpoint
+
+    depth_levels = (16,) * (args.new_tokens - 1)
+    print(f"building a random {args.model} Qwen3 checkpoint (SID depth {args.new_tokens}) ...", file=sys.stderr)
+    return make_random_checkpoint(
+        tmp / f"ck_{args.model}", arch="qwen3", n_items=2000, levels=depth_levels, vocab_base=1000,
+        max_position_embeddings=max(1024, args.prompt_len + 64), seed=0, **MODELS[args.model],
+    )
+
+
+def make_requests(args, limits, n, rng, soft=False, beam=None, constrained=True):
+    from workbench.engines.base import BeamSearchRequest, Prompt
+
+    reqs = []
+    for _ in range(n):
+        ids = rng.integers(2, 1000, size=args.prompt_len).tolist()
+        vec, pos = None, None
+        if soft:
+            pos = args.prompt_len // 2
+            ids[pos] = limits.placeholder_id
+            vec = rng.normal(size=limits.user_vector_dim)
+        reqs.append(BeamSearchRequest(Prompt.of(ids, vec, pos), beam_width=beam or args.beam,
+                                      max_new_tokens=args.new_tokens, constrained=constrained))
+    return reqs
+
+
+def timed(coro_fn, repeats: int = 1):
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = asyncio.run(coro_fn())
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def check(results):
+    bad = [r.error for r in results if not r.success]
+    if bad:
+        raise RuntimeError(f"{len(bad)} requests failed, first: {bad[0]}")
+    return results
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5).stdout.strip() or "none"
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv or [])
+    import numpy as np
+    import torch
+
+    from workbench.engines.base import Prompt, ScoreRequest
+    from workbench.engines.registry import create_engine
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    hf_requests = args.hf_requests or (1 if args.quick else 4)
+    hf_cands = min(args.candidates, args.hf_candidates or (50 if args.quick else args.candidates))
+    repeats = 1 if args.quick else 2
+    tdtype = getattr(torch, args.dtype)
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        ck = Path(args.checkpoint) if args.checkpoint else build_checkpoint(args, Path(tmp))
+        te = create_engine("torch", ck, dtype=args.dtype, device=args.device, max_batch_tokens=args.max_batch_tokens,
+                           max_candidates=max(1024, args.candidates))
+        he = create_engine("hf", ck, dtype=args.dtype, device=args.device, max_candidates=max(1024, args.candidates))
+        lim = te.limits
+        n_params = te.lm.n_params()
+        peak = matmul_gflops(tdtype, args.device)
+        print(f"model {args.model}: {n_params / 1e6:.2f}M params, {args.dtype}, matmul {peak:.0f} GFLOP/s", file=sys.stderr)
+
+        # warm-up
+        check(asyncio.run(te.beam_search(make_requests(args, lim, 2, rng))))
+        # beam search: torch, 32 concurrent
+        reqs = make_requests(args, lim, args.concurrency, rng)
+        te.reset_stats()
+        t_torch, res = timed(lambda: te.beam_search(reqs), repeats)
+        check(res)
+        stats = te.stats
+        flops = stats.prefill_tokens / repeats * te.lm.flops_per_token(args.prompt_len / 2) + (
+            stats.decode_rows / repeats * te.lm.flops_per_token(args.prompt_len)
+        )
+        achieved = flops / t_torch / 1e9
+        # beam search: 1 request alone (throughput ratio)
+        t_one, r1 = timed(lambda: te.beam_search(reqs[:1]), repeats)
+        check(r1)
+        # hf on the first requests, one after another
+        print(f"hf beam search on {hf_requests} request(s) ...", file=sys.stderr)
+        t0 = time.perf_counter()
+        hres = check(asyncio.run(he.beam_search(reqs[:hf_requests])))
+        t_hf = (time.perf_counter() - t0) / hf_requests
+        same = all([b.token_ids for b in a.beams] == [b.token_ids for b in h.beams] for a, h in zip(res, hres))
+        # soft token overhead: the same prompts with the placeholder (soft) vs a plain token there;
+        # alternated and min-of-repeats so machine noise does not masquerade as overhead
+        n_soft = max(4, args.concurrency // (8 if args.quick else 2))
+        soft = make_requests(args, lim, n_soft, rng, soft=True)
+        half = args.prompt_len // 2
+        plain = [type(r)(type(r.prompt).of(r.prompt.token_ids[:half] + (3,) + r.prompt.token_ids[half + 1 :]),
+                         r.beam_width, r.max_new_tokens, r.constrained) for r in soft]
+        t_plain = t_soft = float("inf")
+        for _ in range(3):
+            t_plain = min(t_plain, timed(lambda: te.beam_search(plain))[0])
+            dt, rs = timed(lambda: te.beam_search(soft))
+            check(rs)
+            t_soft = min(t_soft, dt)
+        # KV bytes: beam 30 vs beam 1
+        kv = {}
+        for b in (args.beam, 1):
+            te.reset_stats()
+            check(asyncio.run(te.beam_search(make_requests(args, lim, 1, rng, beam=b))))
+            kv[b] = (te.stats.peak_kv_bytes, te.stats.peak_kv_bytes_if_copied)
+        # scoring: one pass vs fan-out
+        prompt = Prompt.of(rng.integers(2, 1000, size=args.prompt_len).tolist())
+        cands = tuple(tuple(rng.integers(2, lim.vocab_size, size=5).tolist())
+                      for _ in range(args.candidates))
+        sreq = ScoreRequest(prompt, cands)
+        t_score, sres = timed(lambda: te.score([sreq]), repeats)
+        check(sres)
+        print(f"hf fan-out scoring of {hf_cands} candidates ...", file=sys.stderr)
+        t0 = time.perf_counter()
+        hs = check(asyncio.run(he.score([ScoreRequest(prompt, cands[:hf_cands])])))
+        t_fan = (time.perf_counter() - t0) * args.candidates / hf_cands
+        score_diff = float(np.abs(np.asarray(sres[0].scores[:hf_cands]) - np.asarray(hs[0].scores)).max())
+        te.shutdown()
+
+    per_req_torch = t_torch / args.concurrency
+    out = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "hardware": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch threads {torch.get_num_threads()}",
+        "torch": torch.__version__,
+        "model": args.model,
+        "params_m": round(n_params / 1e6, 2),
+        "dtype": args.dtype,
+        "quick": args.quick,
+        "workload": {"prompt": args.prompt_len, "beam": args.beam, "new_tokens": args.new_tokens,
+                     "concurrency": args.concurrency, "candidates": args.candidates, "constrained": True},
+        "beam_torch_s_per_req": per_req_torch,
+        "beam_hf_s_per_req": t_hf,
+        "beam_speedup": t_hf / per_req_torch,
+        "beam_same_beams_as_hf": same,
+        "hf_requests_measured": hf_requests,
+        "score_onepass_s": t_score,
+        "score_fanout_s": t_fan,
+        "score_speedup": t_fan / t_score,
+        "score_max_abs_diff": score_diff,
+        "hf_candidates_measured": hf_cands,
+        "soft_token_overhead": t_soft / t_plain - 1.0,
+        "matmul_gflops": peak,
+        "torch_gflops": achieved,
+        "roofline_fraction": achieved / peak,
+        "kv_bytes_beam": kv[args.beam][0],
+        "kv_bytes_beam1": kv[1][0],
+        "kv_ratio": kv[args.beam][0] / max(kv[1][0], 1),
+        "kv_bytes_if_copied": kv[args.beam][1],
+        "throughput_32_rps": args.concurrency / t_torch,
+        "throughput_1_rps": 1 / t_one,
+        "throughput_ratio": (args.concurrency / t_torch) / (1 / t_one),
+    }
+    rows = [
+        ("beam search s/request (torch | hf)", f"{per_req_torch:.4f} | {t_hf:.3f}", f"{out['beam_speedup']:.1f}x (target >= 20x)"),
+        ("  same beams as hf", str(same), f"hf measured on {hf_requests} request(s)"),
+        ("scoring 500 cands s (one pass | fan-out)", f"{t_score:.3f} | {t_fan:.2f}", f"{out['score_speedup']:.1f}x (target >= 30x)"),
+        ("  max |one pass - fan-out|", f"{score_diff:.2e}", f"fan-out measured on {hf_cands} candidates, scaled"),
+        ("soft-token overhead", f"{100 * out['soft_token_overhead']:+.1f}%", "target <= 5%"),
+        ("torch GFLOP/s | matmul GFLOP/s", f"{achieved:.0f} | {peak:.0f}", f"{100 * out['roofline_fraction']:.0f}% of roofline"),
+        (f"KV bytes beam {args.beam} | beam 1", f"{kv[args.beam][0] / 1e6:.2f}MB | {kv[1][0] / 1e6:.2f}MB",
+         f"{out['kv_ratio']:.2f}x (copied per beam: {kv[args.beam][1] / 1e6:.1f}MB)"),
+        (f"throughput req/s at {args.concurrency} | 1", f"{out['throughput_32_rps']:.2f} | {out['throughput_1_rps']:.2f}",
+         f"{out['throughput_ratio']:.1f}x"),
+    ]
+    print(f"\nmicrobench: {args.model} ({out['params_m']}M params, {args.dtype}), prompt {args.prompt_len}, beam {args.beam}, "
+          f"{args.new_tokens} new, constrained, {args.concurrency} concurrent; {out['hardware']}")
+    w = max(len(r[0]) for r in rows)
+    for name, val, ratio in rows:
+        print(f"{name:<{w}}  {val:<24} {ratio}")
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
