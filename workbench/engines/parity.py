@@ -1,0 +1,204 @@
+"""Parity of any engine against the torch engine (the oracle) on the same checkpoint and prompts.
+
+One function, `compare_engines`, runs a small fixed suite - beam search (plain, constrained,
+soft token), sequence scoring and label scoring (plain and soft token) - on both engines and
+returns a JSON-able report with one case per feature: passed / failed / skipped (with the reason,
+e.g. the engine declares the feature unsupported). The tests, notebook 03, `workbench engines
+validate NAME` and `scripts/validate_gpu_engines.sh` all use it, so "parity" means the same thing
+everywhere.
+
+Beam comparison rule: cumulative log-probs of the beams agree within `tol` rank by rank, every
+beam the engine returns that the oracle also returns has the same score within `tol`, and a beam
+only the engine returns must tie (within `tol`) with the oracle's beam at that rank: top beams may
+differ only where log-probs are within `tol` of each other.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from workbench.engines.base import BeamSearchRequest, Prompt, ScoreRequest
+
+
+@dataclass
+class ParityCase:
+    name: str
+    status: str  # passed | failed | skipped
+    max_abs_diff: float | None = None
+    detail: str = ""
+    engine_s: float = 0.0
+    oracle_s: float = 0.0
+
+
+@dataclass
+class ParityReport:
+    engine: str
+    checkpoint: str
+    tol: float
+    cases: list[ParityCase] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.status != "failed" for c in self.cases)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"engine": self.engine, "checkpoint": self.checkpoint, "tol": self.tol, "ok": self.ok,
+                "cases": [asdict(c) for c in self.cases]}
+
+
+def compare_beams(got, want, tol: float = 1e-3) -> tuple[bool, float, str]:
+    """(ok, max |diff|, why) for two beam lists (best first), by the module docstring's rule."""
+    if len(got) != len(want):
+        return False, float("inf"), f"{len(got)} beams vs {len(want)}"
+    g = np.array([b.cum_logprob for b in got])
+    w = np.array([b.cum_logprob for b in want])
+    diff = float(np.max(np.abs(g - w))) if len(g) else 0.0
+    if diff > tol:
+        return False, diff, f"rank-by-rank cumulative log-probs differ by {diff:.2e}"
+    want_by_tokens = {tuple(b.token_ids): b.cum_logprob for b in want}
+    for i, b in enumerate(got):
+        key = tuple(b.token_ids)
+        if key in want_by_tokens:
+            if abs(b.cum_logprob - want_by_tokens[key]) > tol:
+                return False, diff, f"beam {key} scored {b.cum_logprob:.5f} vs {want_by_tokens[key]:.5f}"
+        elif abs(b.cum_logprob - want[i].cum_logprob) > tol:
+            return False, diff, f"beam {key} at rank {i} is not in the oracle's beams and does not tie"
+    return True, diff, ""
+
+
+def _max_diff(a, b) -> float:
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.max(np.abs(a - b))) if a.size else 0.0
+
+
+def make_prompts(checkpoint, n_prompts: int = 2, prompt_len: int = 24, seed: int = 0) -> dict[str, list[Prompt]]:
+    """Plain prompts of random base-vocabulary tokens, and soft-token versions with a placeholder."""
+    from workbench.checkpoint import read_meta
+
+    meta = read_meta(checkpoint)
+    rng = np.random.default_rng(seed)
+    base = meta.layout.base_vocab_size
+    plain = [Prompt.of(rng.integers(2, base, size=prompt_len).tolist()) for _ in range(n_prompts)]
+    soft = []
+    if meta.user_vector_dim is not None:
+        ph = meta.layout.placeholder_id
+        for p in plain:
+            pos = int(rng.integers(0, len(p)))
+            ids = list(p.token_ids)
+            ids[pos] = ph
+            soft.append(Prompt.of(ids, user_vector=rng.normal(size=meta.user_vector_dim), placeholder_pos=pos))
+    return {"plain": plain, "soft": soft}
+
+
+async def _timed(coro):
+    t0 = time.perf_counter()
+    out = await coro
+    return out, time.perf_counter() - t0
+
+
+async def compare_engines(engine, oracle, checkpoint, *, n_prompts: int = 2, prompt_len: int = 24, beam_width: int = 4,
+                          n_candidates: int = 6, tol: float = 1e-3, seed: int = 0) -> ParityReport:
+    """Run the suite on `engine` and `oracle` (both already built on `checkpoint`)."""
+    from workbench.checkpoint import CATALOG_FILE, read_meta
+    from workbench.semantic_ids import Catalog
+
+    meta = read_meta(checkpoint)
+    catalog = Catalog(np.load(f"{checkpoint}/{CATALOG_FILE}")["item_codes"], meta.layout)
+    depth = catalog.depth
+    prompts = make_prompts(checkpoint, n_prompts, prompt_len, seed)
+    caps = engine.capabilities()
+    report = ParityReport(getattr(engine, "name", "?"), str(checkpoint), tol)
+    rng = np.random.default_rng(seed + 1)
+    cands = tuple(tuple(catalog.sid_tokens(int(i))) for i in rng.choice(catalog.n_items, n_candidates, replace=False))
+    labels = tuple(int(x) for x in rng.choice(meta.layout.base_vocab_size - 2, 2, replace=False) + 2)
+
+    async def beam_case(name, feature, plist, constrained):
+        if feature and not caps.supports(feature):
+            fs = caps.features[feature]
+            report.cases.append(ParityCase(name, "skipped", detail=f"{fs.status.value}: {fs.reason}"))
+            return
+        if not plist:
+            report.cases.append(ParityCase(name, "skipped", detail="checkpoint has no soft-token projector"))
+            return
+        reqs = [BeamSearchRequest(p, beam_width, depth, constrained=constrained) for p in plist]
+        (got, te), (want, to) = await _timed(engine.beam_search(reqs)), await _timed(oracle.beam_search(reqs))
+        worst, why, status = 0.0, "", "passed"
+        for g, w in zip(got, want):
+            if not (g.success and w.success):
+                status, why = "failed", f"engine error: {g.error}; oracle error: {w.error}"
+                break
+            ok, d, reason = compare_beams(g.beams, w.beams, tol)
+            worst = max(worst, d)
+            if not ok:
+                status, why = "failed", reason
+                break
+        report.cases.append(ParityCase(name, status, worst, why, te, to))
+
+    async def score_case(name, feature, plist, mode):
+        if feature and not caps.supports(feature):
+            fs = caps.features[feature]
+            report.cases.append(ParityCase(name, "skipped", detail=f"{fs.status.value}: {fs.reason}"))
+            return
+        if not plist:
+            report.cases.append(ParityCase(name, "skipped", detail="checkpoint has no soft-token projector"))
+            return
+        reqs = [ScoreRequest(p, cands, mode=mode, label_token_ids=labels if mode == "label" else ()) for p in plist]
+        (got, te), (want, to) = await _timed(engine.score(reqs)), await _timed(oracle.score(reqs))
+        if not all(g.success for g in got):
+            err = next(g.error for g in got if not g.success)
+            status = "skipped" if "unsupported" in (err or "") else "failed"
+            report.cases.append(ParityCase(name, status, detail=err or "", engine_s=te, oracle_s=to))
+            return
+        if not all(w.success for w in want):
+            report.cases.append(ParityCase(name, "failed", detail=f"oracle error: {want[0].error}"))
+            return
+        d = max(_max_diff(g.scores, w.scores) for g, w in zip(got, want))
+        report.cases.append(ParityCase(name, "passed" if d <= tol else "failed", d,
+                                       "" if d <= tol else f"scores differ by {d:.2e}", te, to))
+
+    await beam_case("beam_search", "beam_search_all_beams", prompts["plain"], False)
+    await beam_case("beam_search_constrained", "trie_constraint", prompts["plain"], True)
+    await beam_case("beam_search_soft_token", "soft_token_beam_search", prompts["soft"], False)
+    await score_case("score_sequence", "fanout_scoring", prompts["plain"], "sequence")
+    await score_case("score_label", "fanout_scoring", prompts["plain"], "label")
+    await score_case("score_sequence_soft_token", "soft_token", prompts["soft"], "sequence")
+    await score_case("score_label_soft_token", "soft_token", prompts["soft"], "label")
+    return report
+
+
+async def run_parity(name: str, checkpoint, dtype: str = "float32", url: str | None = None, **kw) -> dict:
+    """Build engine `name` (launching its server unless `url`) and the torch oracle; return the report dict."""
+    from workbench.engines.registry import create_engine, engine_class
+
+    oracle = create_engine("torch", checkpoint=checkpoint, dtype=dtype)
+    if url is not None:
+        engine = engine_class(name)(checkpoint=checkpoint, dtype=dtype, url=url)
+    else:
+        engine = create_engine(name, checkpoint=checkpoint, dtype=dtype)
+    try:
+        report = await compare_engines(engine, oracle, checkpoint, **kw)
+    finally:
+        await engine.close()
+        await oracle.close()
+    out = report.to_dict()
+    caps = engine.capabilities()
+    out["capabilities"] = {f: {"status": s.status.value, "reason": s.reason} for f, s in caps.features.items()}
+    return out
+
+
+async def time_requests(engine, make_requests, kind: str = "beam", repeats: int = 3) -> dict[str, float]:
+    """Latency of one batch of requests (sequential repeats after one warm-up): median and min seconds."""
+    run = engine.beam_search if kind == "beam" else engine.score
+    await run(make_requests())  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        res = await run(make_requests())
+        times.append(time.perf_counter() - t0)
+        if not all(r.success for r in res):
+            raise RuntimeError(f"{getattr(engine, 'name', '?')} failed: {next(r.error for r in res if not r.success)}")
+    return {"median_s": float(np.median(times)), "min_s": float(np.min(times)), "repeats": repeats}
