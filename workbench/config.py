@@ -59,6 +59,7 @@ class QuantizerConfig(Section):
     vae_epochs: int = Field(60, ge=1)
     vae_lr: float = Field(1e-3, gt=0)
     vae_beta: float = Field(0.25, ge=0)  # commitment weight
+    vae_batch_size: int = Field(64, ge=1)  # small batches: more steps per epoch on small catalogs
 
 
 class SemanticIdConfig(QuantizerConfig):
@@ -114,6 +115,7 @@ class TrainingConfig(Section):
     bf16: bool = False  # bfloat16 autocast on CPU
     seeds: tuple[int, ...] = (0,)
     max_steps: int | None = None  # cap on optimizer steps (same for every method)
+    num_threads: int | None = None  # torch CPU threads for training and evaluation (None: torch default)
 
 
 class MethodsConfig(Section):
@@ -136,6 +138,8 @@ class EvaluationConfig(Section):
     rerank_top: int = Field(100, ge=1)  # SASRec candidates re-ranked with `score`
     bootstrap: int = Field(1000, ge=0)
     sasrec_epochs: int = Field(30, ge=1)
+    validity_users: int = Field(100, ge=0)  # users for the unconstrained SID-validity share
+    latency_requests: int = Field(20, ge=0)  # single beam-search requests timed per method (mean latency)
 
     @model_validator(mode="after")
     def _beam_vs_k(self):
@@ -152,6 +156,9 @@ class EngineEntry(Section):
     url: str | None = None  # an already running server (remote deployment); None: launch/in-process
     dtype: Literal["float32", "bfloat16"] = "float32"
     options: dict[str, Any] = Field(default_factory=dict)  # engine-specific knobs
+    label: str | None = None  # name in tables/figures (default: the engine name); tells two entries apart
+    transport: Literal["auto", "inprocess", "http"] = "auto"  # auto: torch/hf in-process, others over HTTP
+    threads: int | None = Field(None, ge=1)  # CPU threads of the engine (torch intra-op / vLLM OMP bind); None: default
 
 
 class LoadConfig(Section):
@@ -172,6 +179,12 @@ class LoadConfig(Section):
     slo_ms: float | None = None  # None: 5x the reference engine's unloaded p50
     prompts_from: Literal["synthetic", "test_split"] = "synthetic"
     seed: int = 0
+    # checkpoint dirs, or random:small | random:25m (random weights, real format; cached under data/)
+    checkpoints: tuple[str, ...] = ("random:small",)
+    unloaded_requests: int = Field(10, ge=1)  # sent one at a time: the unloaded p50 behind the default SLO
+    slo_multiple: float = Field(5.0, gt=1)  # default SLO = this x the reference engine's unloaded p50
+    grid_factor: float = Field(2.0, gt=1)  # adaptive grid growth while every point holds the SLO
+    request_timeout_s: float = Field(300.0, gt=0)  # a request without a result by then is a failure
 
 
 class CostConfig(Section):

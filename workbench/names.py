@@ -1,6 +1,7 @@
 """Column, metric, tag and artifact names in one place, so MLflow queries and plots agree.
 
-Metric names are "<group>/<name>", e.g. "quality/recall@10", "latency/e2e_p99_ms".
+Metric names are "<group>/<name>", e.g. "quality/recall_at_10", "latency/e2e_p99_ms". MLflow refuses
+'@' in metric names, so "Recall@10" is spelled `recall_at_10` everywhere (`metric_name` converts).
 """
 
 from __future__ import annotations
@@ -26,14 +27,21 @@ KS = (5, 10, 30)
 
 
 def recall_at(k: int) -> str:
-    return f"quality/recall@{k}"
+    return f"quality/recall_at_{k}"
 
 
 def ndcg_at(k: int) -> str:
-    return f"quality/ndcg@{k}"
+    return f"quality/ndcg_at_{k}"
 
 
 MRR = "quality/mrr"
+
+
+def metric_name(name: str) -> str:
+    """A name MLflow accepts: "valid/recall@10" -> "valid/recall_at_10"."""
+    return name.replace("@", "_at_")
+
+
 SID_VALIDITY = "quality/sid_validity"
 COVERAGE = "quality/coverage"
 PROMPT_TOKENS_MEAN = "prompt/tokens_mean"

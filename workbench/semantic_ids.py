@@ -283,6 +283,7 @@ class PrefixTrie:
         import torch
 
         n_nodes = self._leaf_counts[depth].shape[0]
+        banned = [sorted({int(x) for x in b}) for b in banned]  # an item listed twice is banned once
         out = torch.zeros(len(banned), n_nodes, dtype=torch.long)
         rows = [torch.full((len(b),), i, dtype=torch.long) for i, b in enumerate(banned)]
         if rows and sum(len(b) for b in banned):

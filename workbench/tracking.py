@@ -207,7 +207,7 @@ class _RunHandle:
 
         ts = int(time.time() * 1000)
         ms = [
-            Metric(k, float(v), ts, step or 0)
+            Metric(names.metric_name(k), float(v), ts, step or 0)
             for k, v in metrics.items()
             if v is not None and isinstance(v, (int, float)) and math.isfinite(float(v))
         ]

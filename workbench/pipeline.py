@@ -1,0 +1,485 @@
+"""`workbench run`: an experiment's stages, each cached by the config that produced it, all in MLflow.
+
+    ctx = run_experiment(load_config("experiments/quickstart.yaml"), "experiments/quickstart.yaml")
+
+Stages run in a fixed order, each a function of a `StageContext` (`STAGES[name](ctx)`):
+
+    data          MovieLens tables (filtered, dense ids) + time-ordered leave-one-out split
+    embeddings    item text embeddings (MiniLM, when the item quantizer needs them) + ALS on train
+    semantic_ids  item quantizer(s) + dedup digit, user quantizer, Catalog, figures
+    train         workbench.study.train_stage(ctx)      (imported only when run)
+    evaluate      workbench.study.evaluate_stage(ctx)
+
+Caching: each stage's products live in `data/cache/<stage>/<key>/`, where the key is
+`config.section_hash` of the config sections the stage reads plus the keys of the stages it
+depends on, so re-running is instant and changing any knob a stage depends on recomputes it (and
+everything downstream). A cache folder counts only once its `done.json` is written last, so an
+interrupted run never leaves a half cache that looks complete.
+
+Tracking: one parent MLflow run per run of an experiment file (experiment name:
+`tracking.experiment` or the config's `name`), one child run per stage with its stats, timings
+and figures. A stage that raises ends its child and the parent FAILED; earlier children stay
+FINISHED with everything they logged. Asking for a later stage runs the stages it needs first
+(they are cache hits when nothing changed).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from workbench import names
+from workbench.config import ExperimentConfig, section_hash
+from workbench.paths import cache_dir
+
+STAGE_ORDER = ("data", "embeddings", "semantic_ids", "train", "evaluate")
+DEPENDS = {
+    "data": (),
+    "embeddings": ("data",),
+    "semantic_ids": ("embeddings",),
+    "train": ("semantic_ids",),
+    "evaluate": ("semantic_ids",),
+}
+CACHE_FORMAT = 1  # bump to invalidate every cache written by an older layout of this module
+SUPPORTED_TEXT_MODELS = ("all-MiniLM-L6-v2",)
+
+
+class _NullRun:
+    """Stands in for an MLflow run when stages run untracked (`prepare_context`)."""
+
+    run_id = None
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        if name.startswith("log_") or name == "set_tags":
+            return lambda *a, **k: None
+        raise AttributeError(name)
+
+
+@dataclass
+class StageContext:
+    """Everything a stage needs: the config, the live runs and the products of earlier stages."""
+
+    cfg: ExperimentConfig
+    experiment_file: str | None = None
+    parent: Any = None  # parent run handle (tracking._RunHandle) or None when untracked
+    run: Any = None  # the current stage's child run handle (or a no-op stand-in)
+    # data
+    dataset: Any = None  # workbench.data.movielens.Dataset
+    split: Any = None  # workbench.data.splits.Split
+    # embeddings
+    text_vectors: np.ndarray | None = None  # [n_items, 384] or None when not needed
+    als: Any = None  # workbench.embeddings.AlsModel (user_factors = train-history user vectors)
+    # semantic ids
+    item_vectors: np.ndarray | None = None  # what the item quantizer encoded
+    item_sids: dict[str, Any] = field(default_factory=dict)  # kind -> quantize.ItemSids (every fitted kind)
+    item_codes: np.ndarray | None = None  # [n_items, levels + 1] of `semantic_ids.kind`, dedup digit last
+    item_codebooks: tuple[int, ...] = ()
+    dedup_size: int = 0
+    user_quantizer: Any = None  # quantize.RQKMeans | RQVAE over ALS user vectors
+    user_codes: np.ndarray | None = None  # [n_users, user levels] from the full train history
+    catalog: Any = None  # semantic_ids.Catalog with base_vocab_size 0 (use catalog_for(base) for a model)
+    # bookkeeping
+    keys: dict[str, str] = field(default_factory=dict)  # stage -> cache key
+    cache_hits: dict[str, bool] = field(default_factory=dict)
+    stats: dict[str, dict] = field(default_factory=dict)  # stage -> logged metrics
+    timings: dict[str, float] = field(default_factory=dict)  # stage -> wall seconds
+    products: dict[str, Any] = field(default_factory=dict)  # later stages put their results here
+
+    @property
+    def sid_version(self) -> str:
+        """Hash of the semantic-id config + upstream data that produced the codes (for checkpoints)."""
+        return self.keys["semantic_ids"]
+
+    @property
+    def user_codebooks(self) -> tuple[int, ...]:
+        return tuple(self.user_quantizer.codebook_sizes) if self.user_quantizer is not None else ()
+
+    def layout(self, base_vocab_size: int):
+        """The SidLayout of these SIDs for a tokenizer with `base_vocab_size` tokens."""
+        return sid_layout(self.item_codebooks, self.dedup_size, self.user_codebooks, base_vocab_size)
+
+    def catalog_for(self, base_vocab_size: int):
+        from workbench.semantic_ids import Catalog
+
+        return Catalog(self.item_codes, self.layout(base_vocab_size))
+
+    def user_vectors_as_of(self, item_lists) -> np.ndarray:
+        """ALS user vectors folded in from each item list (item factors fixed): [n, factors]."""
+        from workbench.embeddings import fold_in_users
+
+        return fold_in_users(self.als, item_lists)
+
+    def user_codes_as_of(self, item_lists) -> np.ndarray:
+        """User SID codes [n, user levels] as of each item list (fold-in, then the user quantizer)."""
+        return self.user_quantizer.encode(self.user_vectors_as_of(item_lists))
+
+
+def sid_layout(item_codebooks, dedup_size: int, user_codebooks, base_vocab_size: int):
+    """SidLayout from fitted quantizer sizes; the one place the pipeline's SIDs become token blocks."""
+    from workbench.semantic_ids import SidLayout
+
+    return SidLayout(
+        base_vocab_size=int(base_vocab_size),
+        item_codebooks=tuple(int(x) for x in item_codebooks),
+        dedup_size=int(dedup_size),
+        user_codebooks=tuple(int(x) for x in user_codebooks),
+    )
+
+
+# ---- cache helpers ------------------------------------------------------------------------------
+def _done(folder: Path) -> dict | None:
+    f = folder / "done.json"
+    if not f.exists():
+        return None
+    try:
+        return json.loads(f.read_text())
+    except ValueError:
+        return None
+
+
+def _mark_done(folder: Path, info: dict) -> None:
+    tmp = folder / "done.json.tmp"
+    tmp.write_text(json.dumps(info, indent=2, default=float))
+    tmp.replace(folder / "done.json")
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+# ---- stage: data --------------------------------------------------------------------------------
+def stage_data(ctx: StageContext) -> None:
+    from workbench.data.movielens import Dataset, filter_dataset, load_movielens
+    from workbench.data.splits import Split, leave_one_out
+
+    cfg = ctx.cfg
+    key = section_hash("data", CACHE_FORMAT, cfg.dataset, cfg.split)
+    folder = cache_dir("data", key)
+    info = _done(folder)
+    if info is None:
+        t0 = time.perf_counter()
+        ds = load_movielens(cfg.dataset.name)
+        ds = filter_dataset(ds, cfg.dataset.min_rating, cfg.dataset.min_user_interactions)
+        split = leave_one_out(ds.interactions, ds.n_users, ds.n_items, cfg.split.max_history)
+        ds.save(folder / "dataset")
+        split.save(folder / "split")
+        stats = {**ds.stats(), **split.stats(), "time/compute/data_s": time.perf_counter() - t0}
+        _mark_done(folder, {"stats": stats})
+        ctx.cache_hits["data"] = False
+    else:
+        ds = Dataset.load(folder / "dataset")
+        split = Split.load(folder / "split", ds.n_users, ds.n_items, cfg.split.max_history)
+        stats = info["stats"]
+        ctx.cache_hits["data"] = True
+    ctx.dataset, ctx.split, ctx.keys["data"] = ds, split, key
+    ctx.stats["data"] = stats
+    ctx.run.log_metrics(stats)
+    ctx.run.log_dict({"dataset": cfg.dataset.model_dump(), "split": cfg.split.model_dump()}, "stage_config.json")
+    ctx.run.log_table(ds.items.head(50), "items_head.csv")
+    _say(
+        f"  {ds.name}: {ds.n_users} users, {ds.n_items} items, {len(ds.interactions)} interactions; "
+        f"train {len(split.train)} rows (max_history {cfg.split.max_history})"
+    )
+
+
+# ---- stage: embeddings --------------------------------------------------------------------------
+def _needs_text(cfg: ExperimentConfig) -> bool:
+    return cfg.semantic_ids.item_vectors in ("text", "both")
+
+
+def _als_valid_recall(als, split, k: int = 10) -> float:
+    """Recall@k of each user's valid item from ALS scores, train items excluded (a sanity check)."""
+    seqs = split.train_sequences()
+    valid = split.valid_items()
+    hits = 0
+    for s in range(0, len(seqs), 1024):
+        scores = als.user_factors[s : s + 1024] @ als.item_factors.T  # [b, n_items]
+        for r, seq in enumerate(seqs[s : s + 1024]):
+            scores[r, seq] = -np.inf
+        top = np.argpartition(-scores, k, axis=1)[:, :k]
+        hits += int((top == valid[s : s + 1024, None]).any(1).sum())
+    return hits / len(seqs)
+
+
+def stage_embeddings(ctx: StageContext) -> None:
+    from workbench.embeddings import AlsModel, fit_als, item_texts, text_embeddings
+
+    cfg, emb = ctx.cfg, ctx.cfg.embeddings
+    if emb.text_model not in SUPPORTED_TEXT_MODELS:
+        raise ValueError(
+            f"embeddings.text_model={emb.text_model!r} is not available offline; choose one of {SUPPORTED_TEXT_MODELS}"
+        )
+    stats: dict[str, float] = {}
+    hits = []
+    text = None
+    text_key = None
+    if _needs_text(cfg):
+        text_key = section_hash("text", CACHE_FORMAT, emb.text_model, ctx.keys["data"])
+        folder = cache_dir("text_embeddings", text_key)
+        info = _done(folder)
+        if info is None:
+            t0 = time.perf_counter()
+            text = text_embeddings(item_texts(ctx.dataset.items), batch_size=emb.batch_size)
+            np.save(folder / "text.npy", text)
+            text_s = time.perf_counter() - t0
+            info = {"stats": {"time/compute/text_embeddings_s": text_s, "embeddings/text_dim": text.shape[1]}}
+            _mark_done(folder, info)
+            hits.append(False)
+        else:
+            text = np.load(folder / "text.npy")
+            hits.append(True)
+        stats.update(info["stats"])
+    als_part = emb.model_dump(exclude={"text_model", "batch_size"})
+    als_key = section_hash("als", CACHE_FORMAT, als_part, cfg.seed, ctx.keys["data"])
+    folder = cache_dir("als", als_key)
+    info = _done(folder)
+    if info is None:
+        t0 = time.perf_counter()
+        als = fit_als(
+            ctx.split.train_sequences(),
+            ctx.dataset.n_items,
+            factors=emb.als_factors,
+            iterations=emb.als_iterations,
+            regularization=emb.als_regularization,
+            alpha=emb.als_alpha,
+            seed=cfg.seed,
+        )
+        fit_s = time.perf_counter() - t0
+        als.save(folder / "als.npz")
+        recall = _als_valid_recall(als, ctx.split)
+        info = {"stats": {"time/compute/als_s": fit_s, "embeddings/als_valid_recall_at_10": recall}}
+        _mark_done(folder, info)
+        hits.append(False)
+    else:
+        als = AlsModel.load(folder / "als.npz")
+        hits.append(True)
+    stats.update(info["stats"])
+    stats["embeddings/als_factors"] = als.factors
+    ctx.text_vectors, ctx.als = text, als
+    ctx.keys["embeddings"] = section_hash("embeddings", text_key, als_key)
+    ctx.cache_hits["embeddings"] = all(hits)
+    ctx.stats["embeddings"] = stats
+    ctx.run.log_metrics(stats)
+    ctx.run.log_dict({"embeddings": emb.model_dump(), "text": _needs_text(cfg)}, "stage_config.json")
+    recall = stats["embeddings/als_valid_recall_at_10"]
+    _say(f"  ALS {als.factors} factors, valid recall@10 {recall:.4f}" + (f"; text {text.shape}" if text is not None else ""))
+
+
+# ---- stage: semantic ids ------------------------------------------------------------------------
+def _prefixed(prefix: str, stats: dict) -> dict:
+    return {f"{prefix}/{k}": v for k, v in stats.items()}
+
+
+def stage_semantic_ids(ctx: StageContext) -> None:
+    from workbench.embeddings import item_vectors
+    from workbench.quantize import (
+        ItemSids,
+        code_stats,
+        dedup_size_for,
+        item_sids,
+        load_quantizer,
+        make_quantizer,
+        make_quantizer_of_kind,
+        quantizer_stats,
+    )
+    from workbench.semantic_ids import Catalog, add_dedup_digit
+
+    cfg = ctx.cfg
+    sid, usid = cfg.semantic_ids, cfg.user_sids
+    kinds = list(dict.fromkeys([sid.kind, *sid.also_fit]))  # downstream kind first, no repeats
+    key = section_hash("semantic_ids", CACHE_FORMAT, sid, usid, cfg.seed, ctx.keys["embeddings"])
+    folder = cache_dir("semantic_ids", key)
+    x = item_vectors(sid.item_vectors, ctx.text_vectors, ctx.als.item_factors)
+    info = _done(folder)
+    results: dict[str, ItemSids] = {}
+    if info is None:
+        timings: dict[str, float] = {}
+        per_kind: dict[str, dict] = {}
+        for kind in kinds:
+            t0 = time.perf_counter()
+            _say(f"  fitting item quantizer {kind} ({sid.levels} levels x {sid.codebook_size} codes) on {x.shape}")
+            res = item_sids(make_quantizer_of_kind(kind, sid, cfg.seed), x, show_progress=True)
+            timings[f"time/compute/item_{kind}_s"] = time.perf_counter() - t0
+            res.quantizer.save(folder / f"item_{kind}.npz")
+            np.save(folder / f"item_codes_{kind}.npy", res.codes)
+            results[kind] = res
+            per_kind[kind] = res.stats
+        t0 = time.perf_counter()
+        uq = make_quantizer(usid, cfg.seed).fit(ctx.als.user_factors, show_progress=True)
+        ucodes = uq.encode(ctx.als.user_factors)
+        timings["time/compute/user_quantizer_s"] = time.perf_counter() - t0
+        uq.save(folder / "user_quantizer.npz")
+        np.save(folder / "user_codes.npy", ucodes)
+        user_stats = quantizer_stats(uq, ctx.als.user_factors, ucodes)
+        _mark_done(folder, {"per_kind": per_kind, "user": user_stats, "timings": timings})
+        ctx.cache_hits["semantic_ids"] = False
+    else:
+        for kind in kinds:
+            codes = np.load(folder / f"item_codes_{kind}.npy")
+            results[kind] = ItemSids(
+                kind=kind,
+                quantizer=load_quantizer(folder / f"item_{kind}.npz"),
+                codes=codes,
+                item_codes=add_dedup_digit(codes),
+                stats=info["per_kind"][kind],
+            )
+        uq = load_quantizer(folder / "user_quantizer.npz")
+        ucodes = np.load(folder / "user_codes.npy")
+        user_stats, timings = info["user"], info["timings"]
+        ctx.cache_hits["semantic_ids"] = True
+
+    main = results[sid.kind]
+    ctx.item_vectors, ctx.item_sids = x, results
+    ctx.item_codes = main.item_codes
+    ctx.item_codebooks = tuple(main.quantizer.codebook_sizes)
+    ctx.dedup_size = dedup_size_for(main.max_dedup)
+    ctx.user_quantizer, ctx.user_codes = uq, ucodes
+    ctx.catalog = Catalog(main.item_codes, ctx.layout(0))
+    ctx.keys["semantic_ids"] = key
+
+    from workbench.sid_figures import genre_coherence
+
+    stats: dict[str, float] = {**timings}
+    for kind, res in results.items():
+        stats.update(_prefixed(f"sid_{kind}", res.stats))
+        stats[f"sid_{kind}/genre_coherence_l1"] = genre_coherence(res.codes, ctx.dataset.items, 1)
+    stats.update(_prefixed("sid", main.stats))
+    stats["sid/genre_coherence_l1"] = stats[f"sid_{sid.kind}/genre_coherence_l1"]
+    stats["sid/dedup_size"] = ctx.dedup_size
+    user_shared = code_stats(ucodes, uq.codebook_sizes)["collision_rate"]
+    stats.update(_prefixed("user_sid", user_stats))
+    stats[names.USER_SID_SHARED] = user_shared
+    ctx.stats["semantic_ids"] = stats
+    ctx.run.log_metrics(stats)
+    ctx.run.set_tags({"workbench.sid_kind": sid.kind, "workbench.sid_version": key})
+    ctx.run.log_dict(
+        {"semantic_ids": sid.model_dump(mode="json"), "user_sids": usid.model_dump(mode="json"),
+         "layout": ctx.layout(0).to_dict()},
+        "stage_config.json",
+    )  # fmt: skip
+    _log_sid_figures(ctx, results, user_stats)
+    _say(
+        f"  item SIDs ({sid.kind}): utilization "
+        + ", ".join(f"{main.stats[f'utilization_l{lvl}']:.0%}" for lvl in range(sid.levels))
+        + f"; collision rate {main.stats['collision_rate']:.3f}; largest group {main.stats['max_prefix_group']}"
+        + f"; dedup size {ctx.dedup_size}; user SIDs shared by {user_shared:.1%} of users"
+    )
+
+
+def _log_sid_figures(ctx: StageContext, results: dict, user_stats: dict) -> None:
+    from workbench import sid_figures as sf
+
+    run = ctx.run
+    if isinstance(run, _NullRun):
+        return
+    main = results[ctx.cfg.semantic_ids.kind]
+    run.log_figure(sf.utilization_figure({k: r.stats for k, r in results.items()}), "figures/sid_utilization.html")
+    run.log_figure(sf.prefix_histogram(main.codes), "figures/sid_items_per_prefix.html")
+    table = sf.shared_prefix_table(main.codes, ctx.dataset.items, seed=ctx.cfg.seed)
+    run.log_figure(sf.shared_prefix_figure(table), "figures/sid_shared_prefix_titles.html")
+    run.log_table(table, "sid_shared_prefix_titles.csv")
+    run.log_figure(
+        sf.utilization_figure({"user " + ctx.cfg.user_sids.kind: user_stats}, "User SID codebook utilization"),
+        "figures/user_sid_utilization.html",
+    )
+
+
+# ---- later stages (other modules, imported only when run) ---------------------------------------
+def stage_train(ctx: StageContext) -> Any:
+    from workbench.study import train_stage
+
+    return train_stage(ctx)
+
+
+def stage_evaluate(ctx: StageContext) -> Any:
+    from workbench.study import evaluate_stage
+
+    return evaluate_stage(ctx)
+
+
+STAGES: dict[str, Callable[[StageContext], Any]] = {
+    "data": stage_data,
+    "embeddings": stage_embeddings,
+    "semantic_ids": stage_semantic_ids,
+    "train": stage_train,
+    "evaluate": stage_evaluate,
+}
+
+
+def resolve_stages(requested) -> list[str]:
+    """Requested stages plus everything they depend on, in pipeline order."""
+    requested = list(requested)
+    unknown = [s for s in requested if s not in STAGES]
+    if unknown:
+        raise ValueError(f"unknown stage(s) {unknown}; valid stages: {list(STAGE_ORDER)}")
+    need: set[str] = set()
+
+    def add(s: str) -> None:
+        if s not in need:
+            need.add(s)
+            for d in DEPENDS[s]:
+                add(d)
+
+    for s in requested:
+        add(s)
+    return [s for s in STAGE_ORDER if s in need]
+
+
+def _run_stage(ctx: StageContext, name: str, index: int, total: int) -> None:
+    _say(f"[{index}/{total}] {name}")
+    t0 = time.perf_counter()
+    out = STAGES[name](ctx)
+    if out is not None:
+        ctx.products[name] = out
+    ctx.timings[name] = time.perf_counter() - t0
+    ctx.run.log_metrics({f"time/stage_{name}_s": ctx.timings[name]})
+    if name in ctx.keys:
+        hit = ctx.cache_hits.get(name, False)
+        ctx.run.set_tags({names.TAG_CONFIG_HASH: ctx.keys[name], "workbench.cache_hit": hit})
+    _say(f"  {name} done in {ctx.timings[name]:.1f}s" + (" (cached)" if ctx.cache_hits.get(name) else ""))
+
+
+def run_experiment(cfg: ExperimentConfig, experiment_file: str | Path | None = None, stages=None) -> StageContext:
+    """Run `stages` (default: the config's) with a parent MLflow run and one child run per stage."""
+    from workbench import tracking
+
+    order = resolve_stages(stages if stages else cfg.stages)
+    ctx = StageContext(cfg=cfg, experiment_file=str(experiment_file) if experiment_file else None)
+    experiment = cfg.tracking.experiment or cfg.name
+    with tracking.start_run(
+        cfg.name,
+        experiment=experiment,
+        config=cfg,
+        experiment_file=ctx.experiment_file,
+        tags={names.TAG_DATASET: cfg.dataset.name, "workbench.stages": ",".join(order)},
+    ) as parent:
+        ctx.parent = parent
+        try:
+            for i, name in enumerate(order, 1):
+                with tracking.start_run(name, parent=parent, tags={names.TAG_STAGE: name}) as run:
+                    ctx.run = run
+                    _run_stage(ctx, name, i, len(order))
+                parent.log_metrics({f"time/stage_{name}_s": ctx.timings[name]})
+        except BaseException:
+            _say(f"run FAILED; what finished is kept.\n{tracking.ui_hint(parent.run_id)}")
+            raise
+        finally:
+            ctx.run = None
+        parent.log_dict({"keys": ctx.keys, "cache_hits": ctx.cache_hits, "timings": ctx.timings}, "stages.json")
+    _say(f"parent run id: {parent.run_id}\n{tracking.ui_hint(parent.run_id)}")
+    return ctx
+
+
+def prepare_context(cfg: ExperimentConfig, stages=("data", "embeddings", "semantic_ids")) -> StageContext:
+    """Run (or load from cache) stages without MLflow: for notebooks, tests and other stages' helpers."""
+    ctx = StageContext(cfg=cfg)
+    ctx.run = _NullRun()
+    order = resolve_stages(stages)
+    for i, name in enumerate(order, 1):
+        _run_stage(ctx, name, i, len(order))
+    return ctx
