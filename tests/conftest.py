@@ -9,6 +9,9 @@ import pytest
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One torch/OpenMP thread per test process: the suite shares 2 cores with a vLLM server, and
+# OpenMP's spin-waiting makes a 2-thread torch up to 100x slower when a core is busy elsewhere.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture

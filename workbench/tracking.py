@@ -43,10 +43,6 @@ def tracking_uri() -> str:
     return f"sqlite:///{d / 'mlflow.db'}"
 
 
-def artifact_root() -> str:
-    return str((mlruns_dir() / "artifacts").resolve())
-
-
 def _mlflow():
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -65,10 +61,20 @@ def get_experiment_id(name: str) -> str:
     exp = mlflow.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
-    loc = None
-    if not os.environ.get("MLFLOW_TRACKING_URI"):
-        loc = Path(artifact_root(), name).as_uri()
-    return mlflow.create_experiment(name, artifact_location=loc)
+    return mlflow.create_experiment(name, artifact_location=_artifact_location(name))
+
+
+def _artifact_location(experiment: str) -> str | None:
+    """Artifacts beside a local sqlite store (`<db dir>/artifacts/<experiment>`), never in the cwd.
+
+    MLflow's default for a sqlite store is `./mlruns` relative to the working directory, which
+    scatters artifacts wherever a notebook or test happens to run. Remote stores keep their default.
+    """
+    uri = tracking_uri()
+    if not uri.startswith("sqlite:///"):
+        return None
+    db = Path(uri[len("sqlite:///") :])
+    return (db.parent / "artifacts" / experiment).resolve().as_uri()
 
 
 def git_commit() -> str:
@@ -232,7 +238,12 @@ class _RunHandle:
         self.client.log_text(self.run_id, text, artifact_file)
 
     def log_figure(self, fig, artifact_file: str) -> None:
-        self.client.log_figure(self.run_id, fig, artifact_file)
+        """A plotly figure as standalone HTML with plotly.js embedded (these hosts are offline:
+        the CDN script mlflow's own log_figure links to would leave the figure blank)."""
+        if artifact_file.endswith(".html") and hasattr(fig, "to_html"):
+            self.client.log_text(self.run_id, fig.to_html(include_plotlyjs=True, full_html=True), artifact_file)
+        else:
+            self.client.log_figure(self.run_id, fig, artifact_file)
 
     def log_table(self, df, artifact_file: str) -> None:
         """A pandas DataFrame as CSV (human-readable) plus JSON records (machine-readable)."""

@@ -1,0 +1,108 @@
+"""The standalone HTML report from a real (temporary) MLflow store: figures, tables, the quality join."""
+
+from __future__ import annotations
+
+import html
+import re
+
+import pytest
+
+from workbench import names, report
+from workbench.bench import run_bench
+from workbench.config import parse_config
+from workbench.tracking import start_run
+
+pytestmark = pytest.mark.timeout(300)
+RECALL10 = report.default_quality_metric()  # "quality/recall_at_10": MLflow refuses '@'
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # OpenMP spin-waiting on a shared 2-core machine is ~100x slower with 2
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        yield from _study(tmp_path_factory.mktemp("report"), mp)
+
+
+def _study(tmp_path, monkeypatch):
+    from workbench.testing import make_random_checkpoint
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("WORKBENCH_DATA_DIR", str(tmp_path / "data"))
+    ckpt = make_random_checkpoint(tmp_path / "ckpt", hidden_size=32, n_items=60, levels=(4, 4), vocab_base=120,
+                                  soft_token=False, max_position_embeddings=256)  # fmt: skip
+    cfg = parse_config({
+        "name": "report_test", "dataset": {"name": "ml-100k"}, "tracking": {"experiment": "report_test"},
+        "engines": [{"name": "torch"}, {"name": "hf"}],
+        "load": {"workload": "beam_search", "checkpoints": [str(ckpt)], "prompt_tokens": 16, "beam_width": 4,
+                 "max_new_tokens": 3, "rates": [3.0, 9.0], "requests_per_rate": 12, "warmup_requests": 1,
+                 "unloaded_requests": 3, "slo_ms": 20000},
+        "cost": {"usd_per_hour": 1.0, "reference_engine": "hf"},
+    })  # fmt: skip
+    res = run_bench(cfg, progress=False)
+    assert all(c.error is None for c in res.children), [c.error for c in res.children]
+    base = {names.TAG_STAGE: "evaluate", names.TAG_CHECKPOINT: str(ckpt), names.TAG_MODE: "unconstrained",
+            names.TAG_METHOD: "none"}  # fmt: skip
+    # quality measured on the torch engine in float32: joins the torch load run
+    with start_run("evaluate/torch", experiment="report_test", tags={**base, names.TAG_ENGINE: "torch",
+                                                                      names.TAG_DTYPE: "float32"}) as h:
+        h.log_metrics({RECALL10: 0.25, report.mlflow_metric_name(names.ndcg_at(10)): 0.12})
+    # quality of the hf engine but in bfloat16: must NOT join the float32 hf load run
+    with start_run("evaluate/hf-bf16", experiment="report_test", tags={**base, names.TAG_ENGINE: "hf",
+                                                                        names.TAG_DTYPE: "bfloat16"}) as h:
+        h.log_metrics({RECALL10: 0.24})
+    yield res, ckpt, tmp_path
+
+
+def test_report_standalone_with_figures(study):
+    res, ckpt, tmp = study
+    out = report.write_report("report_test", tmp / "reports" / "report_test.html")
+    text = out.read_text()
+    assert text.startswith("<!DOCTYPE html>") and text.rstrip().endswith("</html>")
+    # plotly.js embedded exactly once, no CDN: opens offline
+    assert text.count("/**\n* plotly.js v") + text.count("* plotly.js v") >= 1
+    assert "<script src=" not in text and '<link rel="stylesheet" href="http' not in text
+    assert len(re.findall(r"plotly\.js v\d", text)) == 1
+    n_plots = len(re.findall(r"Plotly\.newPlot\(", text))
+    assert n_plots == 5, n_plots  # latency, throughput, cost, quality vs cost, quality vs p99
+    for title in ("latency vs achieved QPS", "throughput vs offered rate", "cost per 1M requests",
+                  "quality vs cost", "quality vs p99 latency"):  # fmt: skip
+        assert title in text
+    # tables, config, versions, commit
+    assert "saturation_qps" in text and "usd_per_1m" in text
+    plain = html.unescape(text)
+    assert '"prompt_tokens": 16' in plain and '"mlflow"' in plain and "commit <code>" in text
+    # the bf16 quality run was refused for the fp32 hf load run, with the reason
+    assert "evaluate/hf-bf16: runs differ in workbench.dtype: 'float32' vs 'bfloat16'" in plain
+
+
+def test_study_join_and_refusal(study):
+    res, ckpt, _ = study
+    s = report.collect_study("report_test")
+    assert set(s.summary["engine"]) == {"torch", "hf"} and len(s.points) == 4
+    j = s.joined.set_index("engine")[RECALL10]
+    assert j["torch"] == pytest.approx(0.25) and j.isna()["hf"]
+    assert any("hf" in n and "bfloat16" in n for n in s.not_joined)
+    # hf is the cost reference: relative cost of hf is 0, torch's is stated against it
+    rel = s.summary.set_index("engine")["relative_cost"]
+    assert rel["hf"] == pytest.approx(0.0) or rel.isna()["hf"]
+    a = s.summary.iloc[0]["tags"]
+    with pytest.raises(report.IncomparableRuns, match="workbench.dtype"):
+        report.check_joinable(a, {**a, names.TAG_DTYPE: "bfloat16"})
+    with pytest.raises(report.IncomparableRuns, match="workbench.workload"):
+        report.check_joinable(a, {**a, names.TAG_WORKLOAD: "scoring/p16/c5x3"}, report.COMPARE_TAGS)
+    report.check_joinable(a, dict(a))  # identical tags join
+
+
+def test_unknown_experiment_says_which_exist(study):
+    with pytest.raises(ValueError, match="report_test"):
+        report.collect_study("no_such_experiment")

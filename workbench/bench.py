@@ -1,0 +1,458 @@
+"""`workbench bench FILE`: load sweeps per (checkpoint x engine), saturation QPS and cost, in MLflow.
+
+One parent MLflow run per sweep; one child run per (engine x method x workload), tagged with
+checkpoint, engine, mode, dtype and workload (names.TAG_*) so that comparisons only ever join
+like with like. Each child:
+
+1. opens its engine: in-process through `engines.registry.create_engine`, or over HTTP (an external
+   engine started by `engines.launcher`, the workbench's own engines behind `workbench serve`, or an
+   already running server at `url`);
+2. sends warm-up requests (excluded), then `unloaded_requests` one at a time (the unloaded p50);
+3. runs the rate points (a fixed grid or the adaptive geometric grid of `loadgen.py`), logging each
+   point's metrics as MLflow steps (step = point number, `load/offered_qps` says which rate);
+4. logs its per-request records, its figure, the saturation QPS (`metrics.py`) and the cost (`cost.py`).
+
+The SLO is the config's `load.slo_ms`, or `load.slo_multiple` (5) x the unloaded p50 of the
+reference engine (`cost.reference_engine`, measured first; the first engine if it is not in the
+sweep) on the first checkpoint; the whole sweep uses one SLO, stated in every run. The relative
+cost of each engine is against the reference engine on the same checkpoint.
+
+A child that fails (engine not installed, server did not start) is logged as a FAILED run with its
+reason and the sweep goes on; the last line printed is one JSON document with the results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from workbench import names
+from workbench.config import ConfigError, EngineEntry, ExperimentConfig, LoadConfig, section_hash
+from workbench.cost import relative_cost, usd_per_million
+from workbench.loadgen import SweepSettings, measure_unloaded, records_table, run_sweep, warm_up
+from workbench.metrics import (
+    SLO_MS, UNLOADED_P50, UNLOADED_P99, PointMetrics, default_slo_ms, percentile, points_table, saturation_qps,
+    summarize_point,
+)  # fmt: skip
+
+STAGE = "load"  # names.TAG_STAGE of child runs
+PARENT_STAGE = "load_sweep"
+INPROCESS_ENGINES = ("torch", "hf")  # engines `workbench serve` can front
+
+
+# ---- random checkpoints for runs without a trained one ----------------------------------------------
+
+RANDOM_SIZES: dict[str, dict[str, Any]] = {
+    # the quickstart-sized model: overhead-bound on CPU
+    "small": dict(hidden_size=64, num_layers=2, vocab_base=300),
+    # ~25M parameters (8 x 3.1M per layer): prefill-bound on CPU
+    "25m": dict(hidden_size=512, num_layers=8, vocab_base=2000, num_attention_heads=8, num_key_value_heads=4,
+                intermediate_size=1536),  # fmt: skip
+}
+
+
+def resolve_checkpoint(spec: str, load: LoadConfig) -> Path:
+    """A checkpoint directory for `spec`: a path, or `random:<size>` built once and cached under data/."""
+    if not spec.startswith("random:"):
+        p = Path(spec).expanduser()
+        if not (p / "workbench.json").exists():
+            raise ConfigError(
+                f"load.checkpoints: {spec} is not a workbench checkpoint (no workbench.json); train one with "
+                f"`workbench run` or use random:small / random:25m"
+            )
+        return p.resolve()
+    size = spec.split(":", 1)[1]
+    if size not in RANDOM_SIZES:
+        raise ConfigError(f"load.checkpoints: unknown random size {size!r}; use one of {sorted(RANDOM_SIZES)}")
+    need = load.prompt_tokens + max(load.max_new_tokens, load.candidate_tokens) + 8
+    max_pos = max(1024, 1 << (need - 1).bit_length())
+    n_items = max(200, load.candidates)
+    kw = dict(RANDOM_SIZES[size], max_position_embeddings=max_pos, n_items=n_items, soft_token=False, seed=0)
+    from workbench.paths import cache_dir
+
+    out = cache_dir("bench_checkpoints", section_hash(spec, kw)) / "checkpoint"
+    if not (out / "workbench.json").exists():
+        from workbench.testing import make_random_checkpoint
+
+        tmp = out.with_name(f"checkpoint.tmp{time.time_ns()}")
+        print(f"[bench] building {spec} checkpoint in {out}", file=sys.stderr)
+        make_random_checkpoint(tmp, **kw)
+        with contextlib.suppress(OSError):  # another process may have won the race
+            tmp.rename(out)
+    return out.resolve()
+
+
+# ---- results ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ChildResult:
+    """One (engine x checkpoint x workload) sweep, as logged to its child run."""
+
+    series: str  # label in tables and figures
+    engine: str
+    method: str
+    checkpoint: str
+    workload: str
+    mode: str
+    dtype: str
+    transport: str
+    run_id: str | None = None
+    unloaded_p50_ms: float = float("nan")
+    points: list[PointMetrics] = field(default_factory=list)
+    saturation_qps: float | None = None
+    usd_per_1m: float = float("inf")
+    relative_cost: float = float("nan")
+    client_cpu_share_max: float = float("nan")
+    error: str | None = None
+
+    def row(self) -> dict:
+        d = {k: v for k, v in asdict(self).items() if k != "points"}
+        d["points"] = len(self.points)
+        return d
+
+
+@dataclass
+class BenchResult:
+    experiment: str
+    parent_run_id: str
+    slo_ms: float
+    slo_source: str
+    children: list[ChildResult]
+
+    def summary(self):
+        import pandas as pd
+
+        return pd.DataFrame([c.row() for c in self.children])
+
+    def points(self):
+        import pandas as pd
+
+        frames = []
+        for c in self.children:
+            if c.points:
+                df = points_table(c.points)
+                df.insert(0, "series", c.series)
+                df.insert(1, "engine", c.engine)
+                df.insert(2, "method", c.method)
+                frames.append(df)
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+    def to_json(self) -> dict:
+        return {
+            "experiment": self.experiment, "parent_run_id": self.parent_run_id, "slo_ms": self.slo_ms,
+            "slo_source": self.slo_source,
+            "results": [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in c.row().items()}
+                        for c in self.children],
+        }  # fmt: skip
+
+
+# ---- engines ------------------------------------------------------------------------------------------
+
+
+def _transport(entry: EngineEntry) -> str:
+    if entry.url:
+        return "http"
+    if entry.transport != "auto":
+        return entry.transport
+    return "inprocess" if entry.name in INPROCESS_ENGINES else "http"
+
+
+def _http_client(name: str, url: str, options: dict):
+    """The client of a `workbench serve` server (torch or hf engine behind HTTP)."""
+    from workbench.engines.http_engine import HTTPEngine
+
+    return HTTPEngine(base_url=url, name=f"{name}-http", **options)
+
+
+@contextlib.contextmanager
+def open_engine(entry: EngineEntry, checkpoint: Path, log_dir: Path | None = None,
+                engine_factory=None) -> Iterator[Any]:
+    """The engine of `entry` on `checkpoint`; servers this opens are always stopped on exit.
+
+    `engine_factory(entry, checkpoint) -> Engine`, when given, replaces the lookup (bring your own engine).
+    """
+    from workbench.engines.registry import create_engine
+
+    if engine_factory is not None:
+        yield engine_factory(entry, checkpoint)
+        return
+    transport = _transport(entry)
+    options = dict(entry.options)
+    if transport == "inprocess":
+        if entry.name not in INPROCESS_ENGINES:
+            raise ConfigError(f"engine {entry.name!r} runs only behind its own server; use transport: http")
+        if entry.threads:
+            import torch
+
+            torch.set_num_threads(entry.threads)
+        yield create_engine(entry.name, checkpoint=checkpoint, dtype=entry.dtype, **options)
+        return
+    if entry.name not in INPROCESS_ENGINES:
+        # external engines: the adapter talks HTTP to `url`, or launches its own server (engines/launcher.py)
+        # and stops it on close()
+        if entry.threads and entry.name == "vllm" and not entry.url:
+            bind = "0" if entry.threads == 1 else f"0-{entry.threads - 1}"
+            options["server_options"] = {"threads_bind": bind, **options.get("server_options", {})}
+        yield create_engine(entry.name, checkpoint=checkpoint, dtype=entry.dtype, url=entry.url, **options)
+        return
+    if entry.url:
+        yield _http_client(entry.name, entry.url, options)
+        return
+    from workbench.engines import launcher
+
+    port = launcher.free_port()
+    argv = (sys.executable, "-m", "workbench.cli", "serve", "--checkpoint", str(checkpoint), "--engine", entry.name,
+            "--port", str(port), "--dtype", entry.dtype)  # fmt: skip
+    env = {"OMP_NUM_THREADS": str(entry.threads)} if entry.threads else {}
+    spec = launcher.ServerSpec(entry.name, argv, port, env=env, startup_timeout_s=180.0)
+    log = None if log_dir is None else log_dir / f"{entry.label or entry.name}-server.log"
+    with launcher.launch(spec, log_path=log) as server:
+        print(f"[bench] workbench serve ({entry.name}) up at {server.url} after {server.started_s:.1f} s",
+              file=sys.stderr)
+        yield _http_client(entry.name, server.url, options)
+
+
+def _mode(load: LoadConfig, caps) -> str:
+    """The mode tag: how the feature the workload needs ran on this engine."""
+    from workbench.engines.base import Support
+
+    if load.workload == "scoring":
+        st = caps.features["multi_item_scoring"].status
+        return "one_pass" if st == Support.NATIVE else "fanout"
+    if not load.constrained:
+        return "unconstrained"
+    return "emulated" if caps.features["trie_constraint"].status == Support.EMULATED else "constrained"
+
+
+# ---- the sweep ----------------------------------------------------------------------------------------
+
+
+def sweep_settings(load: LoadConfig) -> SweepSettings:
+    return SweepSettings(
+        requests_per_rate=load.requests_per_rate, warmup_requests=load.warmup_requests,
+        unloaded_requests=load.unloaded_requests, concurrency=load.concurrency, burstiness=load.burstiness,
+        time_cap_s=load.time_cap_s, request_timeout_s=load.request_timeout_s, rates=load.rates,
+        max_rates=load.max_rates, grid_factor=load.grid_factor, seed=load.seed,
+        progress=sys.stderr.isatty(),
+    )  # fmt: skip
+
+
+def make_workload(load: LoadConfig, checkpoint: Path):
+    from workbench.data.workloads import SyntheticWorkload, WorkloadShape
+
+    if load.prompts_from != "synthetic":
+        raise ConfigError(
+            "load.prompts_from: test_split is not wired into `workbench bench` yet; use synthetic prompts of the "
+            "method's measured prompt length (prompt/tokens_mean of its quality run) via load.prompt_tokens"
+        )
+    kind = "scoring" if load.workload == "scoring" else "beam_search"
+    shape = WorkloadShape(kind=kind, prompt_tokens=load.prompt_tokens, beam_width=load.beam_width,
+                          max_new_tokens=load.max_new_tokens, constrained=load.constrained, candidates=load.candidates,
+                          candidate_tokens=load.candidate_tokens, seed=load.seed)  # fmt: skip
+    return SyntheticWorkload.from_checkpoint(shape, checkpoint)
+
+
+class _SLO:
+    """The sweep's one SLO: from the config, or fixed by the first unloaded measurement (the reference's)."""
+
+    def __init__(self, load: LoadConfig):
+        self.multiple = load.slo_multiple
+        self.ms: float | None = load.slo_ms
+        self.source = "config (load.slo_ms)" if load.slo_ms is not None else ""
+
+    def resolve(self, series: str, unloaded_p50_ms: float) -> float:
+        if self.ms is None:
+            self.ms = default_slo_ms(unloaded_p50_ms, self.multiple)
+            self.source = f"{self.multiple:g}x unloaded p50 of {series} ({unloaded_p50_ms:.2f} ms)"
+        return self.ms
+
+
+async def _measure(engine, workload, settings: SweepSettings, slo: _SLO, child: ChildResult, handle) -> list:
+    idx = 0
+    warm = await warm_up(engine, workload, settings.warmup_requests, first_index=idx,
+                         timeout_s=settings.request_timeout_s)
+    idx += settings.warmup_requests
+    unloaded = await measure_unloaded(engine, workload, settings.unloaded_requests, first_index=idx,
+                                      timeout_s=settings.request_timeout_s)  # fmt: skip
+    idx += settings.unloaded_requests
+    ok = [(r.done - r.sent) * 1e3 for r in unloaded if r.success]
+    if not ok:
+        errors = sorted({r.error for r in unloaded if r.error})[:3]
+        raise RuntimeError(f"every unloaded request to {child.series} failed: {errors}")
+    child.unloaded_p50_ms = percentile(ok, 50)
+    slo_ms = slo.resolve(child.series, child.unloaded_p50_ms)
+    handle.log_metrics({UNLOADED_P50: child.unloaded_p50_ms, UNLOADED_P99: percentile(ok, 99), SLO_MS: slo_ms})
+    handle.set_tags({"workbench.slo_source": slo.source})
+
+    def on_point(i: int, point) -> None:
+        m = summarize_point(point, slo_ms)
+        child.points.append(m)
+        handle.log_metrics(m.as_metrics(), step=i)
+        held = "inside" if m.failures == 0 and m.e2e_p99_ms <= slo_ms else "OUTSIDE"
+        print(f"[bench] {child.series}: offered {m.offered_qps:7.3f} achieved {m.achieved_qps:7.3f} req/s  "
+              f"p50 {m.e2e_p50_ms:8.1f}  p99 {m.e2e_p99_ms:8.1f} ms  failures {m.failures}  ({held} SLO "
+              f"{slo_ms:.0f} ms; client loop CPU {m.loop_cpu_share:.0%})", file=sys.stderr)  # fmt: skip
+
+    # first adaptive rate: a fraction of the serial capacity 1/p50
+    first_rate = settings.start_load * 1e3 / child.unloaded_p50_ms
+    points = await run_sweep(engine, workload, settings, slo_ms=slo_ms, first_rate=first_rate, first_index=idx,
+                             on_point=on_point)  # fmt: skip
+    return warm + unloaded + [r for p in points for r in p.records]
+
+
+async def _run_engine(entry: EngineEntry, checkpoint: Path, workload, settings, slo, child, handle, load, log_dir,
+                      engine_factory=None):
+    with open_engine(entry, checkpoint, log_dir, engine_factory) as engine:
+        try:
+            if callable(getattr(engine, "fetch_capabilities", None)):  # HTTP clients ask their server
+                await engine.fetch_capabilities()
+            caps = engine.capabilities()
+            child.mode = _mode(load, caps)
+            handle.set_tags({names.TAG_MODE: child.mode})
+            handle.log_dict({f: {"status": s.status.value, "reason": s.reason} for f, s in caps.features.items()},
+                            "capabilities.json")  # fmt: skip
+            return await _measure(engine, workload, settings, slo, child, handle)
+        finally:
+            await engine.close()
+
+
+def _child(parent, cfg: ExperimentConfig, entry: EngineEntry, checkpoint: Path, slo: _SLO, settings: SweepSettings,
+           reference_cost: dict[str, float], log_dir: Path, engine_factory=None) -> ChildResult:
+    from workbench.checkpoint import read_meta
+    from workbench.plots import latency_vs_qps
+    from workbench.tracking import start_run
+
+    load = cfg.load
+    meta = read_meta(checkpoint)
+    workload = make_workload(load, checkpoint)
+    series = entry.label or entry.name
+    child = ChildResult(series=series, engine=entry.name, method=meta.method, checkpoint=str(checkpoint),
+                        workload=workload.name, mode="", dtype=entry.dtype, transport=_transport(entry))  # fmt: skip
+    tags = {
+        names.TAG_STAGE: STAGE, names.TAG_ENGINE: entry.name, names.TAG_METHOD: meta.method,
+        names.TAG_CHECKPOINT: str(checkpoint), names.TAG_DTYPE: entry.dtype, names.TAG_WORKLOAD: workload.name,
+        names.TAG_DATASET: cfg.dataset.name, "workbench.series": series, "workbench.transport": child.transport,
+        "workbench.sid_version": meta.sid_version, "workbench.backbone": meta.backbone,
+    }  # fmt: skip
+    run_name = f"{series}/{meta.method}/{workload.name}"
+    try:
+        with start_run(run_name, parent=parent, tags=tags) as h:
+            child.run_id = h.run_id
+            h.log_params({"engine": entry.model_dump(mode="json"), "load": load.model_dump(mode="json"),
+                          "cost": cfg.cost.model_dump(mode="json"), "checkpoint": str(checkpoint)})  # fmt: skip
+            records = run_async(_run_engine(entry, checkpoint, workload, settings, slo, child, h, load, log_dir,
+                                            engine_factory))
+            h.log_table(records_table(records), "records.csv")
+            h.log_table(points_table(child.points), "points.csv")
+            child.saturation_qps = saturation_qps(child.points, slo.ms)
+            child.usd_per_1m = usd_per_million(cfg.cost.usd_per_hour, child.saturation_qps)
+            if entry.name == cfg.cost.reference_engine and str(checkpoint) not in reference_cost:
+                reference_cost[str(checkpoint)] = child.usd_per_1m
+            ref = reference_cost.get(str(checkpoint))
+            child.relative_cost = float("nan") if ref is None else relative_cost(child.usd_per_1m, ref)
+            child.client_cpu_share_max = max((p.client_cpu_share for p in child.points), default=float("nan"))
+            h.log_metrics({
+                names.SATURATION_QPS: child.saturation_qps if child.saturation_qps is not None else 0.0,
+                names.COST_PER_1M: child.usd_per_1m, names.COST_RELATIVE: child.relative_cost,
+                "load/client_cpu_share_max": child.client_cpu_share_max,
+                "load/client_loop_cpu_share_max": max((p.loop_cpu_share for p in child.points), default=float("nan")),
+            })  # fmt: skip
+            h.set_tags({"workbench.saturated_within_slo": str(child.saturation_qps is not None)})
+            pts = points_table(child.points)
+            pts.insert(0, "series", series)
+            h.log_figure(latency_vs_qps(pts, slo.ms, title=f"{run_name}: latency vs QPS"), "latency_vs_qps.html")
+    except Exception as e:  # noqa: BLE001 - one engine failing must not end the sweep; the run says why
+        child.error = f"{type(e).__name__}: {e}"[:2000]
+        print(f"[bench] {series} on {checkpoint.name}: FAILED: {child.error}", file=sys.stderr)
+    return child
+
+
+def run_async(coro):
+    """`asyncio.run`, also from inside a running loop (Jupyter): then on a fresh loop in a worker thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def _ordered_engines(cfg: ExperimentConfig) -> list[EngineEntry]:
+    """The reference engine first, so its unloaded p50 fixes the SLO and its cost the relative costs."""
+    ref = cfg.cost.reference_engine
+    return sorted(cfg.engines, key=lambda e: e.name != ref)
+
+
+def run_bench(cfg: ExperimentConfig, experiment_file: str | Path | None = None, *, engine_factory=None,
+              progress: bool | None = None) -> BenchResult:
+    """Run the sweep of `cfg.load` for every checkpoint x engine; log it all; return the results.
+
+    `engine_factory(entry, checkpoint) -> Engine` replaces the registry lookup (tests, custom engines);
+    `progress` shows tqdm bars per rate point (default: when stderr is a terminal).
+    """
+    import tempfile
+
+    from workbench.plots import cost_bars, latency_vs_qps, throughput_vs_offered
+    from workbench.tracking import start_run, ui_hint
+
+    if cfg.load is None:
+        raise ConfigError("this experiment has no `load` section; see experiments/beam_search_load.yaml")
+    load = cfg.load
+    experiment = cfg.tracking.experiment or (Path(experiment_file).stem if experiment_file else cfg.name)
+    checkpoints = [resolve_checkpoint(s, load) for s in load.checkpoints]
+    settings = sweep_settings(load)
+    if progress is not None:
+        settings.progress = progress
+    slo = _SLO(load)
+    reference_cost: dict[str, float] = {}
+    children: list[ChildResult] = []
+    log_dir = Path(tempfile.mkdtemp(prefix="workbench-bench-"))
+    ptags = {names.TAG_STAGE: PARENT_STAGE, names.TAG_WORKLOAD: load.workload, names.TAG_DATASET: cfg.dataset.name}
+    with start_run(f"{cfg.name}/{load.workload}", experiment=experiment, config=cfg, experiment_file=experiment_file,
+                   tags=ptags) as parent:  # fmt: skip
+        for ckpt in checkpoints:
+            for entry in _ordered_engines(cfg):
+                children.append(_child(parent, cfg, entry, ckpt, slo, settings, reference_cost, log_dir,
+                                       engine_factory))
+        result = BenchResult(experiment, parent.run_id, slo.ms if slo.ms is not None else float("nan"), slo.source,
+                             children)  # fmt: skip
+        parent.set_tags({"workbench.slo_source": slo.source})
+        parent.log_metrics({SLO_MS: result.slo_ms})
+        summary = result.summary()
+        parent.log_table(summary, "summary.csv")
+        pts = result.points()
+        if len(pts):
+            parent.log_table(pts, "points.csv")
+            parent.log_figure(latency_vs_qps(pts, result.slo_ms), "latency_vs_qps.html")
+            parent.log_figure(throughput_vs_offered(pts), "throughput_vs_offered.html")
+            parent.log_figure(cost_bars(summary), "cost_per_1m.html")
+        parent.log_dict(result.to_json(), "bench_result.json")
+        for f in log_dir.glob("*.log"):
+            parent.log_artifact(f, "server_logs")
+    _print_summary(result, cfg)
+    print(ui_hint(result.parent_run_id), file=sys.stderr)
+    print(json.dumps(result.to_json()))
+    return result
+
+
+def _print_summary(result: BenchResult, cfg: ExperimentConfig) -> None:
+    print(f"\n[bench] SLO {result.slo_ms:.1f} ms ({result.slo_source}); price ${cfg.cost.usd_per_hour}/h "
+          f"({cfg.cost.hardware})", file=sys.stderr)  # fmt: skip
+    for c in result.children:
+        if c.error:
+            print(f"  {c.series:12s} {c.method:12s} FAILED: {c.error[:160]}", file=sys.stderr)
+            continue
+        sat = "none inside SLO" if c.saturation_qps is None else f"{c.saturation_qps:.3f} req/s"
+        rel = "" if not math.isfinite(c.relative_cost) else f" ({c.relative_cost:+.0%} vs {cfg.cost.reference_engine})"
+        print(f"  {c.series:12s} {c.method:12s} unloaded p50 {c.unloaded_p50_ms:8.1f} ms  saturation {sat:>16s}  "
+              f"${c.usd_per_1m:.4g} per 1M{rel}", file=sys.stderr)  # fmt: skip

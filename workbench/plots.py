@@ -1,0 +1,117 @@
+"""plotly figures of load sweeps, costs and the quality/cost trade-off.
+
+Every function takes a pandas DataFrame (the tables `bench.py` logs and `report.py` rebuilds from
+MLflow) and returns a `plotly.graph_objects.Figure`; nothing here reads MLflow or runs engines,
+so notebooks, the bench and the report draw the same pictures from the same columns:
+
+- points table (one row per rate point): `series`, `offered_qps`, `achieved_qps`, `e2e_p50_ms`,
+  `e2e_p99_ms`, `failures`
+- summary table (one row per engine x method x workload): `series`, `engine`, `method`,
+  `saturation_qps`, `usd_per_1m`, and for the Pareto plots a quality column (e.g. `quality/recall@10`)
+  and `e2e_p99_ms` (p99 at a common rate).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+_PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
+
+
+def _go():
+    import plotly.graph_objects as go
+
+    return go
+
+
+def _colors(series: Sequence[str]) -> dict[str, str]:
+    return {s: _PALETTE[i % len(_PALETTE)] for i, s in enumerate(dict.fromkeys(series))}
+
+
+def latency_vs_qps(points, slo_ms: float | None = None, title: str = "Latency vs achieved throughput"):
+    """p50 (dashed) and p99 (solid) end-to-end latency against achieved QPS, one color per series."""
+    go = _go()
+    fig = go.Figure()
+    colors = _colors(points["series"])
+    for s, df in points.groupby("series", sort=False):
+        df = df.sort_values("offered_qps")
+        for col, dash, lab in (("e2e_p99_ms", "solid", "p99"), ("e2e_p50_ms", "dash", "p50")):
+            fig.add_trace(go.Scatter(
+                x=df["achieved_qps"], y=df[col], mode="lines+markers", name=f"{s} {lab}", legendgroup=s,
+                line=dict(color=colors[s], dash=dash),
+                customdata=df[["offered_qps", "failures"]].to_numpy(),
+                hovertemplate=f"{s} {lab}: %{{y:.1f}} ms at %{{x:.2f}} req/s"
+                "<br>offered %{customdata[0]:.2f} req/s, failures %{customdata[1]}<extra></extra>",
+            ))  # fmt: skip
+    if slo_ms is not None and math.isfinite(slo_ms):
+        fig.add_hline(y=slo_ms, line=dict(color="black", dash="dot"), annotation_text=f"SLO {slo_ms:.0f} ms",
+                      annotation_position="top left")  # fmt: skip
+    fig.update_layout(title=title, xaxis_title="achieved throughput (req/s)", yaxis_title="end-to-end latency (ms)",
+                      yaxis_type="log", template="plotly_white", legend_title="engine")  # fmt: skip
+    return fig
+
+
+def throughput_vs_offered(points, title: str = "Achieved vs offered request rate"):
+    """Achieved throughput against offered rate; the diagonal is "keeping up"."""
+    go = _go()
+    fig = go.Figure()
+    colors = _colors(points["series"])
+    for s, df in points.groupby("series", sort=False):
+        df = df.sort_values("offered_qps")
+        fig.add_trace(go.Scatter(x=df["offered_qps"], y=df["achieved_qps"], mode="lines+markers", name=s,
+                                 line=dict(color=colors[s])))  # fmt: skip
+    finite = points["offered_qps"][points["offered_qps"].map(math.isfinite)]
+    if len(finite):
+        hi = float(finite.max())
+        fig.add_trace(go.Scatter(x=[0, hi], y=[0, hi], mode="lines", name="offered = achieved",
+                                 line=dict(color="gray", dash="dot")))  # fmt: skip
+    fig.update_layout(title=title, xaxis_title="offered rate (req/s)", yaxis_title="achieved throughput (req/s)",
+                      template="plotly_white")  # fmt: skip
+    return fig
+
+
+def cost_bars(summary, title: str = "Cost per 1M requests at saturation"):
+    """$ per 1M requests per engine, grouped by method; engines without a saturation rate are labeled."""
+    go = _go()
+    fig = go.Figure()
+    df = summary.copy()
+    df["method"] = df["method"].fillna("-") if "method" in df else "-"
+    for method, g in df.groupby("method", sort=False):
+        y = [c if math.isfinite(c) else None for c in g["usd_per_1m"]]
+        text = [f"${c:.3g}" if math.isfinite(c) else "no rate inside SLO" for c in g["usd_per_1m"]]
+        fig.add_trace(go.Bar(x=g["series"], y=y, name=str(method), text=text, textposition="auto"))
+    fig.update_layout(title=title, yaxis_title="USD per 1M requests", barmode="group", template="plotly_white",
+                      legend_title="method")  # fmt: skip
+    return fig
+
+
+def pareto_front(x: Sequence[float], y: Sequence[float]) -> list[int]:
+    """Indices of points not dominated by another (lower-or-equal x AND higher-or-equal y, one strictly)."""
+    pts = [(i, a, b) for i, (a, b) in enumerate(zip(x, y)) if math.isfinite(a) and math.isfinite(b)]
+    front = []
+    for i, a, b in pts:
+        if not any((a2 <= a and b2 >= b) and (a2 < a or b2 > b) for _, a2, b2 in pts):
+            front.append(i)
+    return sorted(front, key=lambda i: x[i])
+
+
+def quality_pareto(summary, quality_col: str, x_col: str, x_title: str, title: str | None = None):
+    """Quality against cost or latency, one marker per (engine, method), with the Pareto front drawn."""
+    go = _go()
+    df = summary.dropna(subset=[quality_col, x_col]).reset_index(drop=True)
+    df = df[df[x_col].map(math.isfinite)].reset_index(drop=True)
+    fig = go.Figure()
+    colors = _colors(df["engine"]) if len(df) else {}
+    for eng, g in df.groupby("engine", sort=False):
+        fig.add_trace(go.Scatter(
+            x=g[x_col], y=g[quality_col], mode="markers+text", name=str(eng), text=g["method"],
+            textposition="top center", marker=dict(size=12, color=colors[eng]),
+        ))  # fmt: skip
+    if len(df):
+        front = pareto_front(df[x_col].tolist(), df[quality_col].tolist())
+        fig.add_trace(go.Scatter(x=df.loc[front, x_col], y=df.loc[front, quality_col], mode="lines",
+                                 name="Pareto front", line=dict(color="black", dash="dash")))  # fmt: skip
+    fig.update_layout(title=title or f"{quality_col} vs {x_title}", xaxis_title=x_title, yaxis_title=quality_col,
+                      template="plotly_white")  # fmt: skip
+    return fig
