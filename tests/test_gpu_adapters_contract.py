@@ -18,9 +18,12 @@ them on a GPU host.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import math
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -113,13 +116,35 @@ def sglang_app(received: list, vocab: int):
             meta["input_token_logprobs"] = entries
         return {"text": "", "output_ids": [int(lp.argmax())], "meta_info": meta}
 
+    score_fields = {"query", "items", "embed_override_token_id", "query_embed_overrides", "item_embed_overrides",
+                    "label_token_ids", "apply_softmax", "temperature", "return_token_logprobs", "item_first",
+                    "return_pooled_hidden_states", "score_extraction_token", "model"}  # ScoringRequest, 0.5.23
+
     @app.post("/v1/score")
     async def score(req: Request):
         body = await req.json()
         received.append(("/v1/score", body))
+        unknown = set(body) - score_fields
+        if unknown:
+            return JSONResponse({"object": "error", "message": f"unknown fields {sorted(unknown)}", "code": 400},
+                                status_code=400)
+        query = list(body["query"])
+        overrides = body.get("query_embed_overrides")
+        if overrides is not None:  # like _resolve_overrides_for_sequence: one override per placeholder occurrence
+            tok = body.get("embed_override_token_id")
+            if tok is None:
+                return JSONResponse({"object": "error", "message": "embed_override_token_id is required when "
+                                     "query_embed_overrides ... are supplied.", "code": 400}, status_code=400)
+            pos = [i for i, t in enumerate(query) if t == tok]
+            if len(pos) != len(overrides):
+                return JSONResponse({"object": "error", "message": f"query contains {len(pos)} occurrences of "
+                                     f"embed_override_token_id={tok}, but {len(overrides)} override embeddings were "
+                                     "provided.", "code": 400}, status_code=400)
+            for i, emb in zip(pos, overrides):  # the "model" sees the override through a hash of its values
+                query[i] = int(abs(sum(emb)) * 1000) % vocab
         scores = []
         for item in body["items"]:
-            lp = logprobs_after(body["query"] + item)
+            lp = logprobs_after(query + item)
             scores.append([math.exp(lp[t]) for t in body["label_token_ids"]])
         return {"scores": scores, "model": body.get("model", "workbench"), "object": "scoring",
                 "usage": {"prompt_tokens": 0, "total_tokens": 0, "completion_tokens": 0}}
@@ -180,16 +205,35 @@ async def test_sglang_adapter_contract(ckpt):
             assert abs(s.scores[0] - want) < 1e-9
             assert all(b["logprob_start_len"] == 4 for _, b in received)
 
-            # soft token -> input_embeds (rows of floats), label mode by fan-out, sequence mode refused
+            # soft token, label mode -> ONE /v1/score with the score-time embedding override (sglang 0.5.23
+            # ScoringRequest.embed_override_token_id / query_embed_overrides): the projected user vector
+            # replaces the <|user|> embedding, the rest of the prompt stays token ids
             ph = layout.placeholder_id
-            sp = Prompt.of([5, ph, 7], user_vector=np.ones(16), placeholder_pos=1)
+            vec = np.linspace(-1, 1, 16)
+            sp = Prompt.of([5, ph, 7], user_vector=vec, placeholder_pos=1)
             received.clear()
             s = (await eng.score([ScoreRequest(sp, cands, mode="label", label_token_ids=(3,))]))[0]
             assert s.success, s.error
-            assert all("input_embeds" in b and len(b["input_embeds"]) == 5 for _, b in received)
-            assert eng.transport_stats().requests == 3
+            assert len(received) == 1 and received[0][0] == "/v1/score"
+            body = received[0][1]
+            assert body["query"] == [5, ph, 7] and body["embed_override_token_id"] == ph
+            want_row = eng.embedder.embed([ph], vec, 0)[0]  # projector(vec), [hidden]
+            assert np.allclose(body["query_embed_overrides"], [want_row.numpy()], atol=1e-6)
+            assert len(body["query_embed_overrides"][0]) == eng.info.hidden_size
+            ovr = int(abs(float(want_row.sum())) * 1000) % vocab
+            assert abs(s.scores[2][0] - lpa([5, ovr, 7, 14, 15])[3]) < 1e-9
+            # a different user vector changes the scores (the override is not dropped)
+            s2 = (await eng.score([ScoreRequest(Prompt.of([5, ph, 7], user_vector=-vec + 0.3, placeholder_pos=1),
+                                                cands, mode="label", label_token_ids=(3,))]))[0]
+            assert s2.success and s2.scores != s.scores
+            # sequence mode with a soft token stays refused with the reason
             s = (await eng.score([ScoreRequest(sp, cands)]))[0]
             assert not s.success and "unsupported" in s.error
+            # generation with a soft token still ships full input_embeds rows
+            received.clear()
+            res = (await eng.beam_search([BeamSearchRequest(sp, 2, 1)]))[0]
+            assert res.success, res.error
+            assert all("input_embeds" in b and len(b["input_embeds"]) == 3 for _, b in received)
         finally:
             await eng.close()
 
@@ -266,6 +310,215 @@ async def test_trtllm_adapter_contract(ckpt):
             assert not c.success and "trie_constraint" in c.error
         finally:
             await eng.close()
+
+
+# ---- TensorRT-LLM scoring layer (trtllm_scoring_server.py) with a fake LLM object ---------------------
+#
+# CONTRACT-ONLY: the layer's FastAPI app runs for real; the `LLM` objects behind it are stand-ins that
+# record the calls and answer in the shapes of TensorRT-LLM 1.3.0rc20's LLM API (`LLM.encode ->
+# [EncoderOutput(logits [T, vocab])]`, PR #12801; `LLM.generate -> RequestOutput(context_logits,
+# outputs=[CompletionOutput(token_ids, cumulative_logprob)])`). It checks request shaping and response
+# parsing of the layer and of the adapter's scoring path, not TensorRT-LLM.
+
+
+class FakeLogits:
+    """Deterministic 'model': the logits after a prefix depend on the prefix (and the user vector)."""
+
+    def __init__(self, vocab: int):
+        self.table = np.random.default_rng(1).normal(size=(2048, vocab)) * 3
+
+    def rows(self, ids, user_vector=None) -> np.ndarray:  # [T, vocab]: row t predicts token t+1
+        salt = 0 if user_vector is None else int(abs(sum(user_vector)) * 977)
+        return np.stack([self.table[(sum(ids[: t + 1]) * 31 + t + salt) % len(self.table)] for t in range(len(ids))])
+
+
+class FakeEncodeLLM:
+    def __init__(self, model: FakeLogits):
+        self.model, self.calls = model, []
+
+    def encode(self, inputs, batch_indexed_model_output=True, **kw):
+        self.calls.append((inputs, batch_indexed_model_output, kw))
+        outs = [types.SimpleNamespace(logits=self.model.rows(i["prompt_token_ids"]),
+                                      prompt_token_ids=i["prompt_token_ids"]) for i in inputs]
+        return outs
+
+
+class FakeGenLLM:
+    def __init__(self, model: FakeLogits):
+        self.model, self.calls = model, []
+
+    def generate(self, inputs, sampling_params=None, use_tqdm=True):
+        import torch
+
+        single = isinstance(inputs, dict)
+        self.calls.append((inputs, sampling_params))
+        outs = []
+        for inp in ([inputs] if single else inputs):
+            ids = inp["prompt_token_ids"]
+            vec = (inp.get("multi_modal_embeddings") or {}).get("user", [None])[0]
+            sp = sampling_params
+            if sp.kw.get("use_beam_search"):  # greedy-ish fake beams; the logits processor masks each step
+                w, T = sp.kw["n"], sp.kw["max_tokens"]
+                beams = [([], 0.0)]
+                for _ in range(T):
+                    cand = []
+                    for toks, cum in beams:
+                        logits = torch.tensor(self.model.rows(ids + toks, vec)[-1:][None])  # [1, 1, vocab]
+                        if sp.kw.get("logits_processor") is not None:
+                            sp.kw["logits_processor"](0, logits, [ids + toks], None, None)
+                        lp = torch.log_softmax(logits.flatten().double(), -1)
+                        cand += [(cum + float(lp[t]), toks + [t]) for t in torch.topk(lp, w).indices.tolist()
+                                 if torch.isfinite(lp[t])]
+                    beams = [(t, c) for c, t in sorted(cand, key=lambda x: -x[0])[:w]]
+                outs.append(types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=t, cumulative_logprob=c)
+                                                           for t, c in beams], context_logits=None))
+            else:
+                assert sp.kw.get("return_context_logits") is True and sp.kw.get("max_tokens") == 1
+                outs.append(types.SimpleNamespace(context_logits=self.model.rows(ids, vec), outputs=[]))
+        return outs[0] if single else outs
+
+
+class FakeAPI:
+    class SamplingParams:
+        def __init__(self, **kw):
+            self.kw = kw
+
+    class LogitsProcessor:  # tensorrt_llm.sampling_params.LogitsProcessor: subclasses implement __call__
+        pass
+
+
+def _layer_logprobs(model, ids, vec=None):
+    from workbench.engines.trtllm_scoring_server import _log_softmax_rows
+
+    return _log_softmax_rows(model.rows(ids, vec))
+
+
+@pytest.mark.contract_only
+async def test_trtllm_scoring_layer_contract(ckpt):
+    if importlib.util.find_spec("tensorrt_llm") is not None:
+        pytest.skip("tensorrt_llm is installed: the real layer is validated by scripts/validate_gpu_engines.sh")
+    from workbench.checkpoint import read_meta
+    from workbench.engines.trtllm_engine import TRTLLMEngine
+    from workbench.engines.trtllm_scoring_server import LLMScorer, create_app
+    from workbench.semantic_ids import Catalog
+
+    vocab = json.loads((ckpt / "config.json").read_text())["vocab_size"]
+    model = FakeLogits(vocab)
+    enc, gen = FakeEncodeLLM(model), FakeGenLLM(model)
+    meta = read_meta(ckpt)
+    catalog = Catalog(np.load(ckpt / "catalog.npz")["item_codes"], meta.layout)
+    scorer = LLMScorer(enc, gen, FakeAPI, catalog=catalog, vocab_size=vocab)
+    with StandIn(create_app(scorer)) as layer, StandIn(trtllm_app([], vocab)) as serve:
+        import httpx
+
+        # the layer's own HTTP shape (SGLang /v1/score shape plus mode/logprobs)
+        async with httpx.AsyncClient(base_url=layer.url) as c:
+            r = await c.post("/v1/score", json={"query": [5, 6], "items": [[10], [11, 12]], "label_token_ids": [3, 4]})
+            assert r.status_code == 200, r.text
+            out = r.json()
+            assert out["object"] == "scoring" and len(out["scores"]) == 2 and len(out["scores"][0]) == 2
+            assert np.allclose(out["scores"], np.exp(out["logprobs"]))
+            bad = await c.post("/v1/score", json={"query": [5], "items": [[vocab + 5]], "label_token_ids": [3]})
+            assert bad.status_code == 400 and "vocabulary" in bad.json()["message"]
+            assert (await c.get("/health")).json()["multi_item"] == "batched"
+        # LLM.encode got one batch with every query+item, token-indexed logits
+        inputs, batch_indexed, kw = enc.calls[0]
+        assert inputs == [{"prompt_token_ids": [5, 6, 10]}, {"prompt_token_ids": [5, 6, 11, 12]}]
+        assert batch_indexed is False and kw == {}
+
+        eng = TRTLLMEngine(ckpt, url=serve.url, scoring_url=layer.url)
+        try:
+            caps = eng.capabilities()
+            assert all(caps.supports(f) for f in ("multi_item_scoring", "soft_token", "trie_constraint",
+                                                  "soft_token_beam_search"))
+            p = Prompt.of([5, 6, 7, 8])
+            cands = ((10, 11), (12, 13), (14,))
+            seq, lab = await eng.score([ScoreRequest(p, cands), ScoreRequest(p, cands, mode="label",
+                                                                             label_token_ids=(3, 4))])
+            assert seq.success and lab.success, (seq.error, lab.error)
+            lp = _layer_logprobs(model, [5, 6, 7, 8, 10, 11])
+            assert abs(seq.scores[0] - (lp[3, 10] + lp[4, 11])) < 1e-9
+            assert abs(lab.scores[2][1] - _layer_logprobs(model, [5, 6, 7, 8, 14])[-1, 4]) < 1e-9
+
+            # soft token: the raw user vector rides as the 'user' multimodal embedding to the plugin
+            ph = meta.layout.placeholder_id
+            vec = np.linspace(0.5, 1.5, 16)
+            sp = Prompt.of([5, ph, 7], user_vector=vec, placeholder_pos=1)
+            gen.calls.clear()
+            s = (await eng.score([ScoreRequest(sp, cands)]))[0]
+            assert s.success, s.error
+            prompts, params = gen.calls[0]
+            assert prompts[0]["prompt_token_ids"] == [5, ph, 7, 10, 11]
+            assert np.allclose(prompts[0]["multi_modal_embeddings"]["user"][0], vec)
+            assert params.kw["return_context_logits"] is True and params.kw["max_tokens"] == 1
+            lp = _layer_logprobs(model, [5, ph, 7, 10, 11], list(vec))
+            assert abs(s.scores[0] - (lp[2, 10] + lp[3, 11])) < 1e-9
+
+            # soft-token beam search -> generate() with use_beam_search, n = best_of, no length penalty
+            gen.calls.clear()
+            b = (await eng.beam_search([BeamSearchRequest(sp, 3, 2)]))[0]
+            assert b.success, b.error
+            assert len(b.beams) == 3 and b.beams[0].cum_logprob >= b.beams[-1].cum_logprob
+            inp, params = gen.calls[0]
+            assert params.kw["use_beam_search"] and params.kw["n"] == params.kw["best_of"] == 3
+            assert params.kw["length_penalty"] == 0.0 and params.kw["max_tokens"] == 2
+            assert "multi_modal_embeddings" in inp
+
+            # constrained: a per-request logits processor keeps every step inside the trie, and the beams
+            # are re-scored with raw (not renormalized) log-probs
+            gen.calls.clear()
+            b = (await eng.beam_search([BeamSearchRequest(p, 2, catalog.depth, constrained=True)]))[0]
+            assert b.success, b.error
+            valid = {tuple(catalog.sid_tokens(i)) for i in range(catalog.n_items)}
+            assert all(tuple(x.token_ids) in valid for x in b.beams)
+            assert isinstance(gen.calls[0][1].kw["logits_processor"], FakeAPI.LogitsProcessor)
+            raw = _layer_logprobs(model, [5, 6, 7, 8] + b.beams[0].token_ids)
+            want = sum(raw[3 + j, t] for j, t in enumerate(b.beams[0].token_ids))
+            assert abs(b.beams[0].cum_logprob - want) < 1e-9
+            # plain beam search still goes to trtllm-serve
+            b = (await eng.beam_search([BeamSearchRequest(p, 3, 2)]))[0]
+            assert b.success and [round(x.cum_logprob, 6) for x in b.beams] == [-1.1, -2.1, -3.1]
+        finally:
+            await eng.close()
+
+
+@pytest.mark.contract_only
+def test_trtllm_scoring_layer_packed_call_and_unavailable(ckpt):
+    """The packed multi-item call (PR #14693 layout) and the clear error without tensorrt_llm."""
+    from workbench.engines.trtllm_scoring_server import LLMScorer, ScoreJob, build_scorer, packed_sequence
+
+    seq, delims = packed_sequence([5, 6], [[10, 11], [12]], 99)
+    assert seq == [5, 6, 99, 10, 11, 99, 12, 99] and delims == [2, 5, 7]
+    vocab = 120
+    model = FakeLogits(vocab)
+    enc = FakeEncodeLLM(model)
+    enc.encode = lambda inp, batch_indexed_model_output=True, **kw: (enc.calls.append((inp, kw)) or
+                                                                     types.SimpleNamespace(logits=model.rows(inp["prompt_token_ids"])))
+    scorer = LLMScorer(enc, None, FakeAPI, vocab_size=vocab, mis_kwarg="item_delimiter_indices", mis_delimiter=99)
+    out = scorer.score(ScoreJob((5, 6), ((10, 11), (12,)), "label", (3,)))
+    assert enc.calls[0] == ({"prompt_token_ids": seq}, {"item_delimiter_indices": delims})
+    lp = _layer_logprobs(model, seq)
+    assert out == [[float(lp[4, 3])], [float(lp[6, 3])]]  # read at each item's last token
+    if importlib.util.find_spec("tensorrt_llm") is None:
+        with pytest.raises(EngineUnavailable, match="tensorrt_llm"):
+            build_scorer(ckpt)
+
+
+def test_launcher_specs_for_pinned_flags(ckpt, monkeypatch):
+    """sglang 0.5.23 takes --enable-mis (no --multi-item-scoring-delimiter); the TRT layer runs from the trtllm env."""
+    import sys
+
+    from workbench.engines import launcher
+
+    monkeypatch.setenv("WORKBENCH_SGLANG_PYTHON", sys.executable)
+    monkeypatch.setenv("WORKBENCH_TRTLLM_PYTHON", sys.executable)
+    argv = launcher.sglang_spec(ckpt, enable_mis=True).argv
+    assert "--enable-mis" in argv and argv[argv.index("--attention-backend") + 1] == "flashinfer"
+    assert "--multi-item-scoring-delimiter" not in argv
+    spec = launcher.trtllm_scoring_spec(ckpt, port=8123, mis_kwarg="k")
+    assert spec.argv[:3] == (sys.executable, "-m", "workbench.engines.trtllm_scoring_server")
+    assert spec.argv[spec.argv.index("--checkpoint") + 1] == str(ckpt.resolve()) and spec.url.endswith(":8123")
+    assert spec.argv[spec.argv.index("--mis-kwarg") + 1] == "k"
 
 
 # ---- availability and the real (GPU) tests ----------------------------------------------------------

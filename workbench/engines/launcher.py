@@ -209,13 +209,17 @@ def vllm_spec(checkpoint, dtype: str = "float32", port: int | None = None, *, en
     return ServerSpec("vllm", tuple(argv), port, env, startup_timeout_s=timeout_s)
 
 
-def sglang_spec(checkpoint, dtype: str = "float32", port: int | None = None, *, delimiter_token_id: int | None = None,
-                extra_args: tuple[str, ...] = (), timeout_s: float = 600.0) -> ServerSpec:
-    """`python -m sglang.launch_server` (SGLang 0.5.x server args; see sglang_engine.py for the citations).
+def sglang_spec(checkpoint, dtype: str = "float32", port: int | None = None, *, enable_mis: bool = False,
+                delimiter_token_id: int | None = None, extra_args: tuple[str, ...] = (),
+                timeout_s: float = 600.0) -> ServerSpec:
+    """`python -m sglang.launch_server` (SGLang 0.5.23 server args; see sglang_engine.py for the citations).
 
-    `--multi-item-scoring-delimiter` turns on multi-item scoring for `/v1/score`; `--disable-radix-cache`
-    is required with it in the pinned version, so the adapter launches a scoring server separately
-    when asked to (`delimiter_token_id`).
+    `--enable-mis` turns on multi-item scoring for `/v1/score` (0.5.23: `enable_mis` in
+    `sglang/srt/arg_groups/fields/exec_.py`; it needs `--attention-backend flashinfer` and itself turns
+    off CUDA graphs, the radix cache and chunked prefill, `arg_groups/attention_hook.py`). The older
+    `--multi-item-scoring-delimiter` flag is gone in 0.5.23: the delimiter is the fixed placeholder
+    `MIS_DELIMITER_TOKEN_ID = 9999` (`sglang/srt/constants.py`), so `delimiter_token_id` is accepted
+    only for backward compatibility and means `enable_mis=True`.
     """
     exe = require_executable("sglang")
     port = port or free_port()
@@ -224,9 +228,8 @@ def sglang_spec(checkpoint, dtype: str = "float32", port: int | None = None, *, 
         "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
         "--served-model-name", "workbench", "--disable-overlap-schedule",
     ]
-    if delimiter_token_id is not None:
-        argv += ["--multi-item-scoring-delimiter", str(delimiter_token_id), "--disable-radix-cache",
-                 "--chunked-prefill-size", "-1"]
+    if enable_mis or delimiter_token_id is not None:
+        argv += ["--enable-mis", "--attention-backend", "flashinfer"]
     argv += list(extra_args)
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "SGLANG_DISABLE_REQUEST_LOGGING": "1"}
     return ServerSpec("sglang", tuple(argv), port, env, startup_timeout_s=timeout_s)
@@ -248,7 +251,39 @@ def trtllm_spec(checkpoint, dtype: str = "float32", port: int | None = None, *, 
     return ServerSpec("trtllm", tuple(argv), port, env, health_path="/health", startup_timeout_s=timeout_s)
 
 
-SPEC_BUILDERS = {"vllm": vllm_spec, "sglang": sglang_spec, "trtllm": trtllm_spec}
+def trtllm_python() -> Path | None:
+    """The python of the TensorRT-LLM environment (WORKBENCH_TRTLLM_PYTHON, else next to trtllm-serve)."""
+    if os.environ.get("WORKBENCH_TRTLLM_PYTHON"):
+        p = Path(os.environ["WORKBENCH_TRTLLM_PYTHON"])
+        return p if p.exists() else None
+    exe = find_executable("trtllm")
+    if exe is not None and (exe.parent / "python").exists():
+        return exe.parent / "python"
+    return None
+
+
+def trtllm_scoring_spec(checkpoint, dtype: str = "float32", port: int | None = None, *, max_beam_width: int = 32,
+                        mis_kwarg: str | None = None, mis_delimiter: int | None = None, kv_fraction: float = 0.3,
+                        timeout_s: float = 900.0) -> ServerSpec:
+    """`python -m workbench.engines.trtllm_scoring_server` from the TensorRT-LLM environment (LLM-API layer)."""
+    python = trtllm_python()
+    if python is None:
+        raise EngineUnavailable("no TensorRT-LLM environment python found for the scoring layer; "
+                                + HOW_TO_BUILD["trtllm"] + " (or set WORKBENCH_TRTLLM_PYTHON)")
+    port = port or free_port()
+    argv = [str(python), "-m", "workbench.engines.trtllm_scoring_server", "--checkpoint", str(Path(checkpoint).resolve()),
+            "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--max-beam-width", str(max_beam_width),
+            "--kv-fraction", str(kv_fraction)]
+    if mis_kwarg:
+        argv += ["--mis-kwarg", mis_kwarg]
+    if mis_delimiter is not None:
+        argv += ["--mis-delimiter", str(mis_delimiter)]
+    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT)}
+    return ServerSpec("trtllm-scoring", tuple(argv), port, env, health_path="/health", startup_timeout_s=timeout_s)
+
+
+SPEC_BUILDERS = {"vllm": vllm_spec, "sglang": sglang_spec, "trtllm": trtllm_spec,
+                 "trtllm-scoring": trtllm_scoring_spec}
 
 
 def server_spec(engine: str, checkpoint, dtype: str = "float32", **kw) -> ServerSpec:

@@ -10,28 +10,45 @@ by the contract test against a stand-in server: "written, not run here"). Source
   `output_token_ids_logprobs` as `[logprob, token_id, text|null]` triples
   (`python/sglang/srt/managers/tokenizer_manager.py`, `convert_logprob_style`).
 - `/v1/score`: `python/sglang/srt/entrypoints/openai/protocol.py` (`ScoringRequest`: `query`,
-  `items` (token-id lists allowed), `label_token_ids`, `apply_softmax`, `item_first`, `model`;
-  `ScoringResponse.scores`: per item, the probabilities of the label tokens in order). Multi-item
-  scoring (all items in one sequence with a per-item attention mask, FlashInfer) is turned on by the
-  server flag `--multi-item-scoring-delimiter <token id>` (sgl-project/sglang PR #10979); without it
-  the server scores the items one by one.
+  `items` (token-id lists allowed), `label_token_ids`, `apply_softmax`, `item_first`, `model`, and
+  the score-time embedding overrides `embed_override_token_id: Optional[int]`,
+  `query_embed_overrides: Optional[List[List[float]]]` ([num_overrides][hidden_size]),
+  `item_embed_overrides: Optional[List[Optional[List[List[float]]]]]`; `ScoringResponse.scores`:
+  per item, the probabilities of the label tokens in order). Checked in the sglang 0.5.23 wheel
+  itself (`pip download sglang==0.5.23 --no-deps`, `sglang/_version.py` = 0.5.23):
+  `serving_score.py` turns the override lists into float32 tensors and
+  `tokenizer_manager_score_mixin.py` (`_build_token_id_inputs`) places each query override at the
+  positions of `embed_override_token_id` in the query (count must match), also inside the packed
+  multi-item sequence. The overrides came with sgl-project/sglang PR #20960 ("token embedding
+  overrides for sparse embedding replacement"). `/generate` has no HTTP-usable equivalent in 0.5.23
+  (`GenerateReqInput.positional_embed_overrides` is typed `Any` and holds torch tensors).
+- multi-item scoring in 0.5.23 is the server flag `--enable-mis` (with `--attention-backend
+  flashinfer`; `sglang/srt/arg_groups/fields/exec_.py`); the PR #10979 flag
+  `--multi-item-scoring-delimiter` no longer exists. The packed sequence is `query <9999> item_1
+  <9999> ... item_N <9999>` with the fixed placeholder `MIS_DELIMITER_TOKEN_ID = 9999`
+  (`sglang/srt/constants.py`): the model's vocabulary must be larger than 9999 (the placeholder is
+  embedded), and each item attends to the query and to the placeholder before it (FlashInfer
+  item-aware mask, `layers/attention/flashinfer_backend.py` `_process_multi_item_scoring`), so MIS
+  scores condition on one extra token compared with the torch oracle's `prompt + item`; the GPU
+  parity run measures that difference. The adapter enables MIS only when the vocabulary allows it.
 
 Feature map:
 - beam search: SGLang 0.5.23 has no beam search (the beam-search PR sgl-project/sglang#15645 was
   not merged; issue #23356), so every beam search is the client-side loop of one-token `/generate`
   requests (`top_logprobs_num` = beam width, or `token_ids_logprob` = allowed trie children),
   reported as emulated.
-- soft token: `input_embeds` ([T, hidden] list of floats) built client-side, like vLLM's
-  `prompt_embeds`; `positional_embed_overrides` (an embedding at one position, newer versions) is not
-  used because the pinned version's HTTP schema types it as `Any` holding torch tensors.
+- soft token, generation: `input_embeds` ([T, hidden] list of floats) built client-side, like
+  vLLM's `prompt_embeds`.
 - scoring, label mode: `/v1/score` with token-id items and `apply_softmax=false` (log of the
-  returned full-vocabulary probabilities) - native multi-item scoring when the server was launched
-  with the delimiter, else fan-out inside SGLang. With a soft token: one-token `/generate` per
-  candidate with `input_embeds` and `token_ids_logprob` (fan-out).
+  returned full-vocabulary probabilities) - native multi-item scoring when the server runs with
+  `--enable-mis`, else one sequence per item inside SGLang. With a soft token the same call carries
+  `embed_override_token_id` = the `<|user|>` id and `query_embed_overrides` = [projector(user
+  vector)] (projected client-side; the rest of the prompt stays token ids).
 - scoring, sequence mode: `/generate` per candidate (`input_ids` = prompt + candidate,
   `return_logprob`, `logprob_start_len` = prompt length, `max_new_tokens=1`), summing the
   candidate's `input_token_logprobs` (fan-out, prefix reused by the radix cache). Unsupported with a
-  soft token (no input log-probs are computed for `input_embeds` prompts in the pinned version).
+  soft token (no input log-probs are computed for `input_embeds` prompts, and `/v1/score` reads
+  only label tokens).
 """
 
 from __future__ import annotations
@@ -56,6 +73,7 @@ from workbench.engines.base import (
 from workbench.engines.http_common import HTTPEngineBase
 
 SGLANG_VERSION = "0.5.23"
+MIS_DELIMITER_TOKEN_ID = 9999  # sglang/srt/constants.py in 0.5.23: embedded, so vocab must exceed it
 
 
 class SGLangEngine(HTTPEngineBase):
@@ -72,8 +90,10 @@ class SGLangEngine(HTTPEngineBase):
             from workbench.engines import launcher
 
             opts = dict(server_options or {})
-            if multi_item_scoring:
-                opts.setdefault("delimiter_token_id", self.info.meta.layout.special_id("<|sep|>"))
+            if multi_item_scoring and self.info.vocab_size > MIS_DELIMITER_TOKEN_ID:
+                opts.setdefault("enable_mis", True)
+            elif multi_item_scoring:
+                self.multi_item_scoring = False  # the 9999 placeholder would index past the embedding table
             self._launch(launcher.sglang_spec(self.checkpoint, dtype, **opts), log_path)
             self.model_name = "workbench"
 
@@ -95,12 +115,15 @@ class SGLangEngine(HTTPEngineBase):
             "trie_constraint": FeatureSupport(
                 Support.EMULATED, "client-side beam loop with token_ids_logprob = allowed trie children"),
             "soft_token": FeatureSupport(
-                Support.NATIVE, "input_embeds built client-side (embedding table + projector); label scoring works, "
-                "sequence scoring does not (no input log-probs for input_embeds)"),
+                Support.NATIVE, "generation: input_embeds built client-side (embedding table + projector); label "
+                "scoring: /v1/score embed_override_token_id=<|user|> + query_embed_overrides=[projected vector] "
+                "(with the other items under --enable-mis); sequence scoring unsupported (no input log-probs for "
+                "input_embeds, /v1/score reads label tokens only)"),
             "soft_token_beam_search": FeatureSupport(
                 Support.EMULATED, "client-side beam loop of one-token input_embeds requests"),
             "multi_item_scoring": FeatureSupport(
-                Support.NATIVE, "/v1/score with --multi-item-scoring-delimiter (label mode, FlashInfer, CUDA)"),
+                Support.NATIVE, "/v1/score with --enable-mis (label mode, FlashInfer, CUDA; needs vocab > 9999 for "
+                "the fixed delimiter placeholder, which items also attend to)"),
             "fanout_scoring": FeatureSupport(
                 Support.NATIVE, "/generate per candidate with input_token_logprobs (sequence mode)"),
         }
@@ -170,8 +193,6 @@ class SGLangEngine(HTTPEngineBase):
                     raise RequestError("sequence-mode scoring with a soft token is unsupported on SGLang "
                                        f"{SGLANG_VERSION}: no input log-probs for input_embeds prompts; use mode 'label'")
                 res.scores = await self._score_sequence(r)
-            elif r.prompt.is_soft:
-                res.scores = await self._score_label_fanout(r)
             else:
                 res.scores = await self._score_label_mis(r)
         except Exception as e:  # noqa: BLE001
@@ -198,13 +219,26 @@ class SGLangEngine(HTTPEngineBase):
     async def _score_label_mis(self, r: ScoreRequest) -> list[list[float]]:
         body = {"query": list(r.prompt.token_ids), "items": [list(c) for c in r.candidates],
                 "label_token_ids": list(r.label_token_ids), "apply_softmax": False, "item_first": False}
+        if r.prompt.is_soft:
+            body["embed_override_token_id"] = int(self.limits.placeholder_id)
+            body["query_embed_overrides"] = [self._projected_user_row(r.prompt)]
         out = await self._post("/v1/score", body)
         scores = out["scores"]
         if len(scores) != len(r.candidates):
             raise RuntimeError(f"/v1/score returned {len(scores)} rows for {len(r.candidates)} items")
         return [[math.log(p) if p > 0 else float("-inf") for p in row] for row in scores]
 
+    def _projected_user_row(self, prompt) -> list[float]:
+        """projector(user_vector) as a [hidden] list: the embedding SGLang writes at the <|user|> position."""
+        import time
+
+        t0 = time.perf_counter()
+        row = self.embedder.embed([self.limits.placeholder_id], prompt.user_vector, 0)[0].tolist()
+        self.transport.add(time.perf_counter() - t0, len(row) * 8)
+        return row
+
     async def _score_label_fanout(self, r: ScoreRequest) -> list[list[float]]:
+        """One-token /generate per candidate with input_embeds (kept for servers without embed overrides)."""
         p = list(r.prompt.token_ids)
 
         async def one(c):

@@ -16,21 +16,21 @@ is the first real run. Sources read:
   `tensorrt_llm/inputs/registry.py` (`register_input_processor`, `attach_multimodal_embeddings`,
   `inputs["multi_modal_embeddings"]`) for the soft-token model in `trtllm_plugin/`.
 
-Feature map:
+Feature map (static capabilities say "written, not run here" for all of it):
 - beam search (native): `/v1/completions` with `use_beam_search`, `n` = `best_of` = beam width,
   `length_penalty=0`, `ignore_eos`, `logprobs=1`; the server is started with
   `--max_beam_width`. Beams come back as choices; the cumulative log-prob is the sum of
   `token_logprobs`.
 - sequence / label scoring (fan-out, native): one request per candidate with
   `return_context_logits` (the prompt positions' logits), `max_tokens=1`; the client takes
-  log-softmax at the candidate positions (sequence) or after the candidate (label).
-- trie constraint: per-request logits processors exist only in the Python LLM API
-  (`SamplingParams(logits_processor=...)`), not over trtllm-serve's HTTP API: unsupported here.
-- soft token (+ beam search): the out-of-tree model in `trtllm_plugin/` takes the projected user
-  vector as a multimodal embedding and replaces the `<|user|>` placeholder; it is reachable through
-  the LLM API (`multi_modal_embeddings`), and trtllm-serve's HTTP completions API has no field for raw
-  embeddings, so over HTTP it is unsupported until the workbench's TRT-LLM serving layer exists.
-- multi-item scoring: `LLM.encode` in the Python API only; same serving-layer gap: unsupported here.
+  log-softmax at the candidate positions (sequence) or after the candidate (label). Used when no
+  scoring layer is attached.
+- multi-item scoring, soft token, trie constraint: Python-API only in 1.3.0rc20 (`LLM.encode`,
+  multimodal embedding inputs, per-request `SamplingParams(logits_processor=...)`), so they go
+  through the workbench's serving layer `trtllm_scoring_server.py` (`POST /v1/score` in SGLang's
+  `/v1/score` shape plus `mode` and `user_vector`; `POST /v1/beam_search`), launched next to
+  trtllm-serve (`scoring_layer=True`, the default) or given by `scoring_url`. Without it these
+  features are refused with the reason. The user vector travels raw; the plugin projects it.
 """
 
 from __future__ import annotations
@@ -55,8 +55,10 @@ from workbench.engines.base import (
 from workbench.engines.http_common import HTTPEngineBase
 
 TRTLLM_VERSION = "1.3.0rc20"
-_NO_HTTP = ("trtllm-serve's HTTP API has no field for it (LLM-API only: the plugin in "
-            "workbench/engines/trtllm_plugin is written for it; the workbench serving layer is not built yet)")
+_NO_LAYER = ("trtllm-serve's HTTP API has no field for it (Python LLM API only); it goes through the workbench "
+             "scoring layer (trtllm_scoring_server.py), which this adapter was built without: pass scoring_url= or "
+             "scoring_layer=True")
+_LAYER = "through the workbench scoring layer (trtllm_scoring_server.py) around the LLM API: "
 
 
 def _log_softmax(row: list[float]) -> list[float]:
@@ -72,13 +74,24 @@ class TRTLLMEngine(HTTPEngineBase):
 
     name = "trtllm"
 
-    def __init__(self, checkpoint, dtype: str = "float32", url: str | None = None, *, request_timeout_s: float = 300.0,
-                 max_concurrency: int = 64, server_options: dict | None = None, log_path=None, **limit_kw):
+    def __init__(self, checkpoint, dtype: str = "float32", url: str | None = None, *, scoring_url: str | None = None,
+                 scoring_layer: bool = True, request_timeout_s: float = 300.0, max_concurrency: int = 64,
+                 server_options: dict | None = None, scoring_options: dict | None = None, log_path=None, **limit_kw):
         self._init_common(checkpoint, dtype, url, request_timeout_s, max_concurrency, limit_kw)
+        self.scoring_url = scoring_url.rstrip("/") if scoring_url else None
+        self._scoring_clients: dict = {}
         if url is None:
             from workbench.engines import launcher
 
             self._launch(launcher.trtllm_spec(self.checkpoint, dtype, **(server_options or {})), log_path)
+            if scoring_layer and self.scoring_url is None:
+                spec = launcher.trtllm_scoring_spec(self.checkpoint, dtype, **(scoring_options or {}))
+                try:
+                    layer = self._stack.enter_context(launcher.launch(spec))
+                except BaseException:
+                    self._stack.close()
+                    raise
+                self.scoring_url = layer.url
 
     @classmethod
     def check_available(cls) -> tuple[bool, str]:
@@ -91,24 +104,70 @@ class TRTLLMEngine(HTTPEngineBase):
 
     @staticmethod
     def static_capabilities() -> Capabilities:
+        """What the adapter + scoring layer provide, none of it run on the machines where it was written."""
+        nr = Support.NOT_RUN_HERE
         f = {
             "beam_search_all_beams": FeatureSupport(
-                Support.NATIVE, "/v1/completions use_beam_search + n = best_of (server --max_beam_width); in the sampler"),
+                nr, "/v1/completions use_beam_search + n = best_of (server --max_beam_width); in the sampler"),
             "trie_constraint": FeatureSupport(
-                Support.UNSUPPORTED, "per-request logits processors are LLM-API only; " + _NO_HTTP),
-            "soft_token": FeatureSupport(Support.UNSUPPORTED, "out-of-tree model takes the vector as a multimodal "
-                                         "embedding; " + _NO_HTTP),
-            "soft_token_beam_search": FeatureSupport(Support.UNSUPPORTED, _NO_HTTP),
-            "multi_item_scoring": FeatureSupport(Support.UNSUPPORTED, "LLM.encode multi-item scoring is Python-API only; "
-                                                 + _NO_HTTP),
+                nr, _LAYER + "per-request SamplingParams(logits_processor=trie mask) on beam search; beams re-scored "
+                "with raw log-probs (a processor renormalizes over allowed tokens)"),
+            "soft_token": FeatureSupport(
+                nr, _LAYER + "user vector as multimodal embedding ('user') into the out-of-tree Qwen3/Llama plugin, "
+                "which projects it and replaces <|user|>; scoring from context_logits (label and sequence)"),
+            "soft_token_beam_search": FeatureSupport(
+                nr, _LAYER + "generate() beam search with the multimodal embedding input"),
+            "multi_item_scoring": FeatureSupport(
+                nr, _LAYER + "all items of a request in one LLM.encode batch (encode_only LLM, PR #12801); the packed "
+                "single-sequence call of PR #14693 needs the layer's --mis-kwarg (keyword not verifiable here)"),
             "fanout_scoring": FeatureSupport(
-                Support.NATIVE, "one /v1/completions per candidate with return_context_logits; log-softmax client-side"),
+                nr, "one /v1/completions per candidate with return_context_logits; log-softmax client-side"),
         }
         assert set(f) == set(FEATURES)
         return Capabilities("trtllm", f)
 
     def capabilities(self) -> Capabilities:
-        return self.static_capabilities()
+        """Runtime view: native where a server is attached, unsupported (with the reason) where it is not."""
+        st = self.static_capabilities().features
+        layer = self.scoring_url is not None
+        f = {k: FeatureSupport(Support.NATIVE, v.reason) for k, v in st.items()}
+        if not layer:
+            for k in ("trie_constraint", "soft_token", "soft_token_beam_search", "multi_item_scoring"):
+                f[k] = FeatureSupport(Support.UNSUPPORTED, _NO_LAYER)
+        return Capabilities("trtllm", f)
+
+    async def _post_layer(self, path: str, body: dict) -> dict:
+        """POST to the scoring layer: its own client per event loop, errors reported like `_post`."""
+        import httpx
+
+        loop = asyncio.get_running_loop()
+        entry = self._scoring_clients.get(id(loop))
+        if entry is None or entry[2] is not loop:
+            lim = httpx.Limits(max_connections=self._sem_size, max_keepalive_connections=self._sem_size)
+            entry = (httpx.AsyncClient(base_url=self.scoring_url, timeout=self.request_timeout_s, limits=lim),
+                     asyncio.Semaphore(self._sem_size), loop)
+            self._scoring_clients[id(loop)] = entry
+        client, sem = entry[0], entry[1]
+        async with sem:
+            try:
+                r = await client.post(path, json=body)
+            except httpx.HTTPError as e:
+                raise ConnectionError(f"trtllm scoring layer at {self.scoring_url} did not answer {path}: "
+                                      f"{type(e).__name__}: {e}") from e
+        if r.status_code != 200:
+            try:
+                detail = r.json().get("message", r.text[:500])
+            except ValueError:
+                detail = r.text[:500]
+            raise RuntimeError(f"trtllm scoring layer {path} answered HTTP {r.status_code}: {detail}")
+        return r.json()
+
+    async def close(self) -> None:
+        for client, _, loop in list(self._scoring_clients.values()):
+            if loop is asyncio.get_running_loop():
+                await client.aclose()
+        self._scoring_clients.clear()
+        await super().close()
 
     # ---- beam search ----------------------------------------------------------------------------
 
@@ -124,6 +183,10 @@ class TRTLLMEngine(HTTPEngineBase):
                 caps.require("trie_constraint")
             if r.prompt.is_soft:
                 caps.require("soft_token_beam_search")
+            if r.constrained or r.prompt.is_soft:
+                res.beams = await self._beam_layer(r)
+                res.timings.finish()
+                return res
             body = {"prompt": list(r.prompt.token_ids), "n": r.beam_width, "best_of": r.beam_width,
                     "use_beam_search": True, "max_tokens": r.max_new_tokens, "ignore_eos": True,
                     "length_penalty": 0.0, "logprobs": 1, "detokenize": False, "temperature": 1.0}
@@ -142,6 +205,16 @@ class TRTLLMEngine(HTTPEngineBase):
         res.timings.finish()
         return res
 
+    async def _beam_layer(self, r: BeamSearchRequest) -> list[Beam]:
+        body = {"prompt": list(r.prompt.token_ids), "beam_width": r.beam_width, "max_new_tokens": r.max_new_tokens,
+                "constrained": r.constrained, "banned_items": [int(i) for i in r.banned_items]}
+        if r.prompt.is_soft:
+            body["user_vector"] = list(r.prompt.user_vector)
+        out = await self._post_layer("/v1/beam_search", body)
+        beams = [Beam([int(t) for t in b["token_ids"]], float(b["cum_logprob"])) for b in out["beams"]]
+        beams.sort(key=lambda b: -b.cum_logprob)
+        return beams
+
     # ---- scoring --------------------------------------------------------------------------------
 
     async def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
@@ -151,13 +224,30 @@ class TRTLLMEngine(HTTPEngineBase):
         res = ScoreResult(request_id=r.request_id, timings=Timings.start(), prompt_tokens=len(r.prompt))
         try:
             validate_score_request(r, self.limits)
-            if r.prompt.is_soft:
-                raise RequestError("soft-token scoring is unsupported on trtllm-serve: " + _NO_HTTP)
-            res.scores = list(await asyncio.gather(*(self._score_candidate(r, c) for c in r.candidates)))
+            if self.scoring_url is not None:
+                res.scores = await self._score_layer(r)
+            elif r.prompt.is_soft:
+                raise RequestError("soft-token scoring is unsupported without the scoring layer: " + _NO_LAYER)
+            else:
+                res.scores = list(await asyncio.gather(*(self._score_candidate(r, c) for c in r.candidates)))
         except Exception as e:  # noqa: BLE001
             res.success, res.error = False, f"{type(e).__name__}: {e}"
         res.timings.finish()
         return res
+
+    async def _score_layer(self, r: ScoreRequest) -> list:
+        """All candidates in one `/v1/score` call to the scoring layer; exact log-probs from `logprobs`."""
+        body = {"query": list(r.prompt.token_ids), "items": [list(c) for c in r.candidates], "mode": r.mode,
+                "label_token_ids": list(r.label_token_ids), "apply_softmax": False}
+        if r.prompt.is_soft:
+            body["user_vector"] = list(r.prompt.user_vector)
+        out = await self._post_layer("/v1/score", body)
+        rows = out["logprobs"]
+        if len(rows) != len(r.candidates):
+            raise RuntimeError(f"scoring layer returned {len(rows)} rows for {len(r.candidates)} items")
+        if r.mode == "sequence":
+            return [float(row[0]) for row in rows]
+        return [[float(x) for x in row] for row in rows]
 
     async def _score_candidate(self, r: ScoreRequest, cand) -> float | list[float]:
         p = list(r.prompt.token_ids)
