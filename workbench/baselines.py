@@ -1,0 +1,177 @@
+"""Baselines on the same split and metrics as the generative methods: popularity and SASRec.
+
+- Popularity: items ranked by their number of train interactions (train split only: neither the
+  valid nor the test items count), each user's seen items excluded.
+- SASRec (Kang & McAuley, 2018): a causal self-attention model over item ids, trained with
+  full-softmax cross-entropy over the catalog at every position, with the same maximum history as
+  the prompts (`methods.long_m`), early-stopped on validation NDCG@10 (seen items excluded).
+  Its top-100 per test user are also the candidates the generative models re-rank with `score`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from workbench import names
+from workbench.evaluate import per_user_metrics, ranks_of, top_k_excluding
+
+
+def popularity_scores(train: Sequence[np.ndarray], n_items: int) -> np.ndarray:
+    """[n_items] train interaction counts."""
+    if len(train) == 0:
+        return np.zeros(n_items)
+    return np.bincount(np.concatenate([np.asarray(s, dtype=np.int64) for s in train]), minlength=n_items).astype(np.float64)
+
+
+def popularity_rank(train: Sequence[np.ndarray], n_items: int, seen: Sequence[np.ndarray], k: int) -> list[list[int]]:
+    """Top-k most popular items per user, the user's seen items excluded (ties: lower item id first)."""
+    pop = popularity_scores(train, n_items)
+    order = np.argsort(-pop, kind="stable")
+    out = []
+    for s in seen:
+        banned = set(np.asarray(s).tolist())
+        lst = []
+        for it in order:
+            if int(it) not in banned:
+                lst.append(int(it))
+                if len(lst) == k:
+                    break
+        out.append(lst)
+    return out
+
+
+@dataclass
+class SasrecSettings:
+    max_len: int = 50
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 2
+    dropout: float = 0.2
+    lr: float = 2e-3
+    batch_size: int = 64
+    epochs: int = 30
+    patience: int = 5
+    seed: int = 0
+    progress: bool = True
+
+
+@dataclass
+class SasrecResult:
+    model: object
+    settings: SasrecSettings
+    best_epoch: int
+    best_valid_ndcg10: float
+    history: list[dict] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+def _build(n_items: int, st: SasrecSettings):
+    import torch
+    from torch import nn
+
+    class SASRec(nn.Module):
+        """Item ids shifted by one (0 = padding); left-padded sequences of length max_len."""
+
+        def __init__(self):
+            super().__init__()
+            self.item = nn.Embedding(n_items + 1, st.hidden, padding_idx=0)
+            self.pos = nn.Embedding(st.max_len, st.hidden)
+            self.drop = nn.Dropout(st.dropout)
+            layer = nn.TransformerEncoderLayer(st.hidden, st.heads, st.hidden * 2, st.dropout, batch_first=True,
+                                               norm_first=True, activation="gelu")
+            self.encoder = nn.TransformerEncoder(layer, st.layers, enable_nested_tensor=False)
+            self.norm = nn.LayerNorm(st.hidden)
+
+        def forward(self, seq):  # [B, L] -> [B, L, H]
+            b, L = seq.shape
+            real = seq > 0
+            x = self.item(seq) * (st.hidden**0.5) + self.pos(torch.arange(L, device=seq.device))[None]
+            x = self.drop(x) * real[..., None]
+            causal = torch.ones(L, L, dtype=torch.bool, device=seq.device).tril()
+            allowed = causal[None] & (real[:, None, :] | torch.eye(L, dtype=torch.bool, device=seq.device)[None])
+            mask = (~allowed).repeat_interleave(st.heads, dim=0)  # [B*heads, L, L] True = blocked
+            return self.norm(self.encoder(x, mask=mask))
+
+        def logits(self, h):  # [..., H] -> [..., n_items]
+            return h @ self.item.weight[1:].T
+
+    return SASRec()
+
+
+def _pad_left(seqs: Sequence[Sequence[int]], L: int) -> np.ndarray:
+    out = np.zeros((len(seqs), L), dtype=np.int64)
+    for i, s in enumerate(seqs):
+        s = list(s)[-L:]
+        if s:
+            out[i, L - len(s) :] = np.asarray(s) + 1
+    return out
+
+
+def sasrec_scores(model, histories: Sequence[Sequence[int]], max_len: int, batch: int = 256) -> np.ndarray:
+    """[n_users, n_items] next-item logits after each history."""
+    import torch
+
+    model.eval()
+    out = []
+    with torch.no_grad():
+        for s in range(0, len(histories), batch):
+            x = torch.from_numpy(_pad_left(histories[s : s + batch], max_len))
+            out.append(model.logits(model(x)[:, -1]).numpy())
+    return np.concatenate(out) if out else np.zeros((0, 0))
+
+
+def sasrec_rank(model, histories, seen, k: int, max_len: int) -> list[list[int]]:
+    return top_k_excluding(sasrec_scores(model, histories, max_len), seen, k)
+
+
+def train_sasrec(
+    train: Sequence[np.ndarray], valid: np.ndarray, n_items: int, st: SasrecSettings, log_fn=None
+) -> SasrecResult:
+    """Full-softmax CE on every position of each train sequence; early stopping on valid NDCG@10."""
+    import copy
+    import time
+
+    import torch
+    from tqdm.auto import tqdm
+
+    torch.manual_seed(st.seed)
+    rng = np.random.default_rng(st.seed)
+    model = _build(n_items, st)
+    opt = torch.optim.Adam(model.parameters(), lr=st.lr)
+    seqs = [np.asarray(s)[-(st.max_len + 1) :] for s in train if len(s) >= 2]
+    x_all = _pad_left([s[:-1] for s in seqs], st.max_len)  # inputs
+    y_all = _pad_left([s[1:] for s in seqs], st.max_len) - 1  # targets (-1 = padding)
+    valid_users = np.flatnonzero(valid >= 0)
+    best, best_state, best_epoch, bad, hist = -1.0, None, 0, 0, []
+    t0 = time.perf_counter()
+    for epoch in tqdm(range(st.epochs), desc="SASRec", disable=not st.progress, leave=False):
+        model.train()
+        order = rng.permutation(len(seqs))
+        tot, nb = 0.0, 0
+        for s in range(0, len(order), st.batch_size):
+            idx = order[s : s + st.batch_size]
+            x, y = torch.from_numpy(x_all[idx]), torch.from_numpy(y_all[idx])
+            logits = model.logits(model(x))  # [B, L, n_items]
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, n_items), y.reshape(-1), ignore_index=-1)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            tot, nb = tot + float(loss.detach()), nb + 1
+        lists = sasrec_rank(model, [train[u] for u in valid_users], [train[u] for u in valid_users], 10, st.max_len)
+        ndcg = float(per_user_metrics(ranks_of(lists, valid[valid_users]), (10,))[names.ndcg_at(10)].mean())
+        hist.append({"epoch": epoch, "loss": tot / max(1, nb), "valid_ndcg10": ndcg})
+        if log_fn:
+            log_fn({"sasrec/train_loss": tot / max(1, nb), "sasrec/valid_ndcg@10": ndcg}, epoch)
+        if ndcg > best:
+            best, best_state, best_epoch, bad = ndcg, copy.deepcopy(model.state_dict()), epoch, 0
+        else:
+            bad += 1
+            if bad >= st.patience:
+                break
+    if best_state is not None:
+        model.load_state_dict(best_state)
+    model.eval()
+    return SasrecResult(model, st, best_epoch, best, hist, time.perf_counter() - t0)

@@ -1,0 +1,486 @@
+"""The personalization study as two pipeline stages: `train_stage(ctx)` and `evaluate_stage(ctx)`.
+
+For every method in `methods.run` and every seed in `training.seeds`, train one model per learning
+rate of `training.lr_grid` (same examples, same steps), keep the one with the best validation
+Recall@10, and evaluate it on the test split through the torch engine; the baselines (popularity,
+SASRec) are evaluated on the same users. Results go to MLflow: one child run per (method, seed)
+under the experiment's parent run, and on the parent the comparison table (CSV artifact) and
+plotly figures. The table is printed at the end.
+
+Caching (resume after an interruption): every trained model lives in
+`data/cache/train/<key>/` (checkpoint + result.json, written last), every evaluation in
+`data/cache/eval/<key>/`, SASRec in `data/cache/sasrec/<key>/`. Keys hash the config sections a
+step reads plus the upstream stage keys, so a changed knob recomputes exactly what depends on it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from workbench import names
+from workbench.config import section_hash
+from workbench.paths import cache_dir
+
+CACHE_FORMAT = 1
+
+
+@dataclass
+class StudyInputs:
+    """What the study needs from the data stages, in plain arrays."""
+
+    interactions: Any  # personalization.Interactions
+    item_texts: list[str]
+    encoder: Any  # personalization.UserEncoder
+    item_codes: np.ndarray  # [n_items, depth]
+    item_codebooks: tuple[int, ...]
+    dedup_size: int
+    user_codebooks: tuple[int, ...]
+    sid_version: str
+    upstream_key: str  # cache key of the semantic-id stage (chains data + embeddings)
+
+
+def inputs_from_context(ctx) -> StudyInputs:
+    from workbench.embeddings import item_texts
+    from workbench.personalization import Interactions, UserEncoder
+
+    split = ctx.split
+    inter = Interactions(split.train_sequences(), split.valid_items(), split.test_items(), split.n_items)
+    enc = UserEncoder(vectors=ctx.user_vectors_as_of, dim=int(ctx.als.factors), codes=ctx.user_quantizer.encode)
+    return StudyInputs(
+        interactions=inter, item_texts=item_texts(ctx.dataset.items), encoder=enc, item_codes=ctx.item_codes,
+        item_codebooks=tuple(ctx.item_codebooks), dedup_size=int(ctx.dedup_size),
+        user_codebooks=tuple(ctx.user_codebooks), sid_version=ctx.sid_version, upstream_key=ctx.keys["semantic_ids"],
+    )
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+# ---- training -------------------------------------------------------------------------------------
+
+
+def _train_key(cfg, inp: StudyInputs, method: str, lr: float, seed: int) -> str:
+    tr = cfg.training.model_dump(mode="json")
+    for k in ("seeds", "lr_grid"):
+        tr.pop(k)
+    meth = {"recent_k": cfg.methods.recent_k, "long_m": cfg.methods.long_m}
+    return section_hash("train", CACHE_FORMAT, cfg.model, tr, meth, method, float(lr), int(seed), inp.upstream_key)
+
+
+def build_prompt_builder(cfg, backbone, inp: StudyInputs, method: str):
+    from workbench.personalization import PromptBuilder, tokenize_item_texts
+
+    text_ids = tokenize_item_texts(backbone.tokenizer, inp.item_texts) if method == "text_history" else None
+    depth = backbone.layout.item_depth
+    return PromptBuilder(
+        method, backbone.layout, backbone.layout.item_codes_to_ids(inp.item_codes), cfg.methods.recent_k,
+        cfg.methods.long_m, text_ids, max_prompt_tokens=backbone.max_positions - depth,
+    )
+
+
+def new_backbone(cfg, inp: StudyInputs, seed: int):
+    from workbench.model import build_backbone
+
+    return build_backbone(cfg.model, inp.item_texts, inp.item_codebooks, inp.dedup_size, inp.user_codebooks, seed=seed)
+
+
+def valid_users(cfg, inp: StudyInputs, seed: int) -> np.ndarray:
+    n = inp.interactions.n_users
+    rng = np.random.default_rng(10_000 + seed)
+    return np.sort(rng.choice(n, size=min(n, cfg.training.valid_users), replace=False))
+
+
+def train_one(cfg, inp: StudyInputs, method: str, seed: int, lr: float, log_fn=None):
+    """Train (or load from cache) one (method, seed, lr); returns a TrainResult."""
+    from workbench.personalization import eval_examples, length_stats, train_examples
+    from workbench.train import TrainResult, TrainSettings, train_model
+
+    key = _train_key(cfg, inp, method, lr, seed)
+    folder = cache_dir("train", key)
+    done = folder / "result.json"
+    if done.exists():
+        res = TrainResult.from_dict(json.loads(done.read_text()))
+        if res.checkpoint.exists():
+            return res, True
+    t = cfg.training
+    bb = new_backbone(cfg, inp, seed)
+    builder = build_prompt_builder(cfg, bb, inp, method)
+    train_set = train_examples(builder, inp.interactions, t.targets_per_user, inp.encoder)
+    valid_set = eval_examples(builder, inp.interactions, "valid", inp.encoder, users=valid_users(cfg, inp, seed))
+    st = TrainSettings(
+        epochs=t.epochs, batch_size=t.batch_size, lr=lr, weight_decay=t.weight_decay, warmup_ratio=t.warmup_ratio,
+        patience=t.patience, bf16=t.bf16, max_steps=t.max_steps, seed=seed, trainable=cfg.model.trainable,
+        projector=cfg.model.projector,
+    )
+    _say(f"  training {method} seed={seed} lr={lr:g}: {len(train_set)} examples, "
+         f"prompt tokens mean {train_set.lengths().mean():.0f}")
+    res = train_model(bb, train_set, valid_set, inp.item_codes, folder, st, sid_version=inp.sid_version,
+                      user_dim=inp.encoder.dim if method == "soft_token" else None, log_fn=log_fn)
+    res.history.append({"prompt": length_stats(train_set)})
+    done.write_text(json.dumps(res.to_dict(), indent=2, default=float))
+    return res, False
+
+
+def mlflow_name(key: str) -> str:
+    """MLflow refuses '@' in metric names: "quality/recall@10" is logged as "quality/recall_at_10"."""
+    return key.replace("@", "_at_")
+
+
+class _SafeRun:
+    """Wraps a run handle so metric names are MLflow-safe (see `mlflow_name`)."""
+
+    def __init__(self, run):
+        self._run = run
+
+    def log_metrics(self, metrics: dict, step: int | None = None) -> None:
+        self._run.log_metrics({mlflow_name(k): v for k, v in metrics.items()}, step)
+
+    def __getattr__(self, name):
+        return getattr(self._run, name)
+
+
+def _child(ctx, name: str, tags: dict):
+    import contextlib
+
+    from workbench import tracking
+
+    if ctx.parent is None:
+        from workbench.pipeline import _NullRun
+
+        return contextlib.nullcontext(_NullRun())
+
+    @contextlib.contextmanager
+    def wrapped():
+        with tracking.start_run(name, parent=ctx.parent, tags=tags) as run:
+            yield _SafeRun(run)
+
+    return wrapped()
+
+
+def _threads(cfg) -> None:
+    if cfg.training.num_threads:
+        import torch
+
+        torch.set_num_threads(int(cfg.training.num_threads))
+
+
+def train_stage(ctx) -> dict:
+    """Train every (method, seed), picking the LR per method on validation; returns {(method, seed): result}."""
+    cfg = ctx.cfg
+    _threads(cfg)
+    inp = inputs_from_context(ctx)
+    best: dict[tuple[str, int], Any] = {}
+    grid_log: list[dict] = []
+    for method in cfg.methods.run:
+        for seed in cfg.training.seeds:
+            cands = []
+            for lr in cfg.training.lr_grid:
+                tags = {names.TAG_STAGE: "train", names.TAG_METHOD: method, "workbench.seed": seed, "workbench.lr": lr}
+                with _child(ctx, f"train/{method}/seed{seed}/lr{lr:g}", tags) as run:
+                    res, hit = train_one(cfg, inp, method, seed, lr, log_fn=run.log_metrics)
+                    if hit:
+                        for row in res.history:
+                            if "epoch" in row:
+                                run.log_metrics({"train/epoch_loss": row["train_loss"], "valid/recall_at_10": row["valid_recall10"]}, row["step"])
+                    run.log_metrics({"train/best_valid_recall_at_10": res.best_valid_recall10, "train/steps": res.steps,
+                                     "train/tokens": res.train_tokens, "train/flops": res.flops, "train/wall_s": res.wall_s})
+                    run.set_tags({"workbench.cache_hit": hit, names.TAG_CHECKPOINT: str(res.checkpoint)})
+                cands.append(res)
+                grid_log.append({"method": method, "seed": seed, "lr": lr, "valid_recall10": res.best_valid_recall10,
+                                 "cached": hit})
+                _say(f"  {method} seed={seed} lr={lr:g}: valid Recall@10 {res.best_valid_recall10:.4f} "
+                     f"({res.epochs_run} epochs, {res.wall_s:.0f}s{', cached' if hit else ''})")
+            best[(method, seed)] = max(cands, key=lambda r: r.best_valid_recall10)
+    ctx.run.log_dict(grid_log, "lr_grid.json")
+    ctx.products["train"] = best
+    return best
+
+
+# ---- evaluation -----------------------------------------------------------------------------------
+
+
+def test_users(cfg, inp: StudyInputs) -> np.ndarray:
+    n = inp.interactions.n_users
+    if cfg.evaluation.test_users is None or cfg.evaluation.test_users >= n:
+        return np.arange(n)
+    rng = np.random.default_rng(cfg.seed)
+    return np.sort(rng.choice(n, size=cfg.evaluation.test_users, replace=False))
+
+
+def _seen_test(inp: StudyInputs, users) -> list[np.ndarray]:
+    d = inp.interactions
+    return [np.r_[d.train[u], d.valid[u]].astype(np.int64) for u in users]
+
+
+def sasrec(cfg, inp: StudyInputs, log_fn=None):
+    """SASRec trained (or loaded from cache) on the train split, same max history as the prompts."""
+    import torch
+
+    from workbench.baselines import SasrecSettings, _build, train_sasrec
+
+    st = SasrecSettings(max_len=cfg.methods.long_m, epochs=cfg.evaluation.sasrec_epochs, seed=cfg.seed)
+    key = section_hash("sasrec", CACHE_FORMAT, st.__dict__, inp.upstream_key)
+    folder = cache_dir("sasrec", key)
+    if (folder / "done.json").exists():
+        model = _build(inp.interactions.n_items, st)
+        model.load_state_dict(torch.load(folder / "model.pt"))
+        model.eval()
+        return model, st, json.loads((folder / "done.json").read_text())
+    d = inp.interactions
+    res = train_sasrec(d.train, d.valid, d.n_items, st, log_fn=log_fn)
+    torch.save(res.model.state_dict(), folder / "model.pt")
+    info = {"best_epoch": res.best_epoch, "best_valid_ndcg10": res.best_valid_ndcg10, "wall_s": res.wall_s,
+            "history": res.history}
+    (folder / "done.json").write_text(json.dumps(info, indent=2))
+    return res.model, st, info
+
+
+def _eval_key(cfg, train_ckpt: Path, users: np.ndarray, rerank: bool) -> str:
+    return section_hash("eval", CACHE_FORMAT, cfg.evaluation, str(train_ckpt), cfg.methods.recent_k,
+                        cfg.methods.long_m, users.tolist(), rerank)
+
+
+def evaluate_method(cfg, inp: StudyInputs, method: str, res, users: np.ndarray, rerank_cands, progress=True) -> dict:
+    """Metrics + per-user arrays of one trained checkpoint on the test users (cached)."""
+    from transformers import AutoTokenizer
+
+    from workbench.checkpoint import read_meta
+    from workbench.evaluate import EvalSettings, evaluate_checkpoint
+    from workbench.model import Backbone
+    from workbench.personalization import eval_examples, length_stats
+
+    key = _eval_key(cfg, res.checkpoint, users, rerank_cands is not None)
+    folder = cache_dir("eval", key)
+    if (folder / "done.json").exists():
+        z = np.load(folder / "per_user.npz")
+        return {"metrics": json.loads((folder / "done.json").read_text()),
+                "per_user": {k: z[k] for k in z.files if k.startswith("quality/")},
+                "rerank_per_user": {k[7:]: z[k] for k in z.files if k.startswith("rerank:")},
+                "lists": z["lists"]}
+    meta = read_meta(res.checkpoint)
+    tok = AutoTokenizer.from_pretrained(res.checkpoint)
+    bb = Backbone(model=None, tokenizer=tok, layout=meta.layout, name=meta.backbone, pretrained=False)
+    max_pos = json.loads((res.checkpoint / "config.json").read_text()).get("max_position_embeddings", 2048)
+    from workbench.personalization import PromptBuilder, tokenize_item_texts
+
+    builder = PromptBuilder(method, meta.layout, meta.layout.item_codes_to_ids(inp.item_codes), cfg.methods.recent_k,
+                            cfg.methods.long_m,
+                            tokenize_item_texts(tok, inp.item_texts) if method == "text_history" else None,
+                            max_prompt_tokens=max_pos - meta.layout.item_depth)
+    del bb
+    ps = eval_examples(builder, inp.interactions, "test", inp.encoder, users=users)
+    ev = cfg.evaluation
+    settings = EvalSettings(ks=tuple(ev.ks), beam_width=ev.beam_width, validity_users=ev.validity_users,
+                            latency_requests=ev.latency_requests, exhaustive=ev.exhaustive, progress=progress)
+    out = evaluate_checkpoint(res.checkpoint, ps, settings, rerank_candidates=rerank_cands)
+    metrics = {**out["metrics"], **length_stats(ps)}
+    arrays = {k: v for k, v in out["beam"].per_user.items()}
+    if out["rerank"] is not None:
+        arrays.update({f"rerank:{k}": v for k, v in out["rerank"].per_user.items()})
+    lists = np.full((len(users), max(ev.ks)), -1, dtype=np.int64)
+    for i, l in enumerate(out["beam"].lists):
+        lists[i, : len(l)] = l[: max(ev.ks)]
+    np.savez(folder / "per_user.npz", lists=lists, **arrays)
+    (folder / "done.json").write_text(json.dumps(metrics, indent=2, default=float))
+    return {"metrics": metrics, "per_user": out["beam"].per_user,
+            "rerank_per_user": {} if out["rerank"] is None else out["rerank"].per_user, "lists": lists}
+
+
+def evaluate_stage(ctx) -> Any:
+    """Evaluate every trained (method, seed) and the baselines; log and print the comparison table."""
+    import pandas as pd
+
+    from workbench.baselines import popularity_rank, sasrec_rank
+    from workbench.evaluate import Quality, paired_bootstrap
+
+    cfg = ctx.cfg
+    _threads(cfg)
+    inp = inputs_from_context(ctx)
+    trained = ctx.products.get("train") or train_stage(ctx)
+    users = test_users(cfg, inp)
+    d = inp.interactions
+    seen = _seen_test(inp, users)
+    targets = d.test[users]
+    K = max(cfg.evaluation.ks)
+    # baselines
+    t0 = time.perf_counter()
+    pop = Quality.from_lists("popularity", users, targets, popularity_rank(d.train, d.n_items, seen, K),
+                             cfg.evaluation.ks, d.n_items)
+    with _child(ctx, "baseline/sasrec", {names.TAG_METHOD: "sasrec"}) as run:
+        model, st, info = sasrec(cfg, inp, log_fn=run.log_metrics)
+        hist = [np.r_[d.train[u], d.valid[u]] for u in users]
+        top = sasrec_rank(model, hist, seen, max(K, cfg.evaluation.rerank_top), st.max_len)
+        sas = Quality.from_lists("sasrec", users, targets, [t[:K] for t in top], cfg.evaluation.ks, d.n_items)
+        run.log_metrics(sas.summary())
+    rerank_cands = [t[: cfg.evaluation.rerank_top] for t in top]
+    sas_rr = Quality.from_lists("sasrec", users, targets, [t[:10] for t in rerank_cands], (10,))
+    _say(f"  baselines done in {time.perf_counter() - t0:.0f}s (SASRec best valid NDCG@10 {info['best_valid_ndcg10']:.4f})")
+    rows, per_user = [], {}
+    base_rows = [("popularity", pop), ("sasrec", sas)]
+    for name, q in base_rows:
+        rows.append({"method": name, "seed": cfg.seed, **q.summary()})
+        per_user[(name, cfg.seed)] = q.per_user
+    r10 = names.recall_at(10)
+    n10 = names.ndcg_at(10)
+    for (method, seed), res in trained.items():
+        tags = {names.TAG_STAGE: "evaluate", names.TAG_METHOD: method, "workbench.seed": seed,
+                names.TAG_CHECKPOINT: str(res.checkpoint)}
+        with _child(ctx, f"{method}/seed{seed}", tags) as run:
+            t0 = time.perf_counter()
+            ev = evaluate_method(cfg, inp, method, res, users, rerank_cands)
+            m = dict(ev["metrics"])
+            per_user[(method, seed)] = ev["per_user"]
+            row = {"method": method, "seed": seed, **m, "lr": res.lr, "train/steps": res.steps,
+                   "train/examples": res.train_examples, "train/tokens": res.train_tokens, "train/flops": res.flops,
+                   "train/wall_s": res.wall_s, "train/epochs": res.epochs_run,
+                   "train/best_valid_recall_at_10": res.best_valid_recall10}
+            for ref in ("none", "sasrec"):
+                if (ref, seed if ref == "none" else cfg.seed) in per_user and ref != method:
+                    for metric in (r10, n10):
+                        diff, lo, hi = paired_bootstrap(ev["per_user"][metric],
+                                                        per_user[(ref, seed if ref == "none" else cfg.seed)][metric],
+                                                        cfg.evaluation.bootstrap, cfg.seed)
+                        tag = metric.split("/")[1]
+                        row[f"diff_vs_{ref}/{tag}"], row[f"diff_vs_{ref}/{tag}_lo"], row[f"diff_vs_{ref}/{tag}_hi"] = diff, lo, hi
+            if ev["rerank_per_user"]:
+                diff, lo, hi = paired_bootstrap(ev["rerank_per_user"][n10], sas_rr.per_user[n10], cfg.evaluation.bootstrap, cfg.seed)
+                tag = n10.split("/")[1]
+                row[f"rerank_diff_vs_sasrec/{tag}"], row[f"rerank_diff_vs_sasrec/{tag}_lo"], row[f"rerank_diff_vs_sasrec/{tag}_hi"] = diff, lo, hi
+            run.log_params({"lr": res.lr, "checkpoint": str(res.checkpoint), "test_users": len(users)})
+            run.log_metrics({k: v for k, v in row.items() if isinstance(v, (int, float)) and k not in ("seed",)})
+            for h in res.history:
+                if "epoch" in h:
+                    run.log_metrics({"train/epoch_loss": h["train_loss"], "valid/recall_at_10": h["valid_recall10"]}, h["step"])
+            _say(f"  {method} seed={seed}: Recall@10 {m[r10]:.4f} NDCG@10 {m[n10]:.4f} "
+                 f"({time.perf_counter() - t0:.0f}s)")
+        rows.append(row)
+    # popularity vs none, SASRec vs none: same users, so the same paired intervals apply
+    for row in rows[:2]:
+        if ("none", cfg.seed) in per_user:
+            for metric in (r10, n10):
+                diff, lo, hi = paired_bootstrap(per_user[(row["method"], cfg.seed)][metric], per_user[("none", cfg.seed)][metric],
+                                                cfg.evaluation.bootstrap, cfg.seed)
+                tag = metric.split("/")[1]
+                row[f"diff_vs_none/{tag}"], row[f"diff_vs_none/{tag}_lo"], row[f"diff_vs_none/{tag}_hi"] = diff, lo, hi
+    rows[1][r10.replace("quality/", "rerank/")] = float(sas_rr.per_user[r10].mean())
+    rows[1][n10.replace("quality/", "rerank/")] = float(sas_rr.per_user[n10].mean())
+    table = pd.DataFrame(rows)
+    table.insert(2, "test_users", len(users))
+    _log_study(ctx, table, trained)
+    text = format_table(table, cfg)
+    _say(text)
+    ctx.products["evaluate"] = table
+    return table
+
+
+# ---- reporting ------------------------------------------------------------------------------------
+
+LABELS = {"text_history": "text_history", "popularity": "popularity (baseline)", "sasrec": "SASRec (baseline)"}
+
+
+def summary_table(table):
+    """Mean (± std over seeds when there are several) per method, in the order run."""
+    import pandas as pd
+
+    num = table.select_dtypes("number").columns.drop(["seed", "test_users"], errors="ignore")
+    g = table.groupby("method", sort=False)[list(num)]
+    mean = g.mean()
+    if table.groupby("method").size().max() > 1:
+        std = g.std().add_suffix("_std")
+        mean = pd.concat([mean, std], axis=1)
+    return mean.reset_index()
+
+
+def format_table(table, cfg) -> str:
+    """The comparison table as text (Recall/NDCG@10 with intervals vs none, prompt length, latency)."""
+    s = summary_table(table)
+    r10, n10 = names.recall_at(10), names.ndcg_at(10)
+    multi = any(c.endswith("_std") for c in s.columns)
+    lines = []
+    hdr = f"{'method':27s} {'R@10':>14s} {'N@10':>14s} {'dR@10 vs none [95% CI]':>27s} {'R@30':>7s} {'MRR':>7s} {'valid':>6s} {'cov':>6s} {'tokens':>7s} {'ms/req':>7s} {'rerank N@10':>11s}"
+    lines.append(hdr)
+    lines.append("-" * len(hdr))
+    for _, r in s.iterrows():
+        def v(col, fmt="{:.4f}"):
+            x = r.get(col, float("nan"))
+            if x is None or (isinstance(x, float) and math.isnan(x)):
+                return "-"
+            out = fmt.format(x)
+            if multi and f"{col}_std" in r and not math.isnan(r[f"{col}_std"]):
+                out += "±" + fmt.format(r[f"{col}_std"])
+            return out
+        ci = "-"
+        dk = "diff_vs_none/" + r10.split("/")[1]
+        if not math.isnan(r.get(dk, float("nan"))):
+            ci = f"{r[dk]:+.4f} [{r[dk + '_lo']:+.3f},{r[dk + '_hi']:+.3f}]"
+        label = LABELS.get(r["method"], r["method"])
+        if r["method"] == "text_history" and cfg.model.backbone == "tiny-qwen3":
+            label = "text_history (no LM prior)"
+        lines.append(
+            f"{label:27s} {v(r10):>14s} {v(n10):>14s} {ci:>27s} {v(names.recall_at(30)):>7s} {v(names.MRR):>7s} "
+            f"{v(names.SID_VALIDITY, '{:.3f}'):>6s} {v(names.COVERAGE, '{:.3f}'):>6s} {v(names.PROMPT_TOKENS_MEAN, '{:.0f}'):>7s} "
+            f"{v('latency/request_mean_ms', '{:.1f}'):>7s} {v(n10.replace('quality/', 'rerank/')):>11s}"
+        )
+    n_users = int(table["test_users"].iloc[0])
+    notes = [f"{cfg.name}: {cfg.dataset.name}, backbone {cfg.model.backbone}, {n_users} test users, beam {cfg.evaluation.beam_width}, "
+             f"seen items banned; CI = paired bootstrap ({cfg.evaluation.bootstrap} resamples) over users."]
+    if cfg.name.startswith("quickstart"):
+        notes.append("SMOKE-QUALITY numbers: tiny model, short training, small sample. Use the ml1m/smollm2 experiments for findings.")
+    if cfg.model.backbone == "tiny-qwen3":
+        notes.append("tiny-qwen3 is trained from scratch: text_history has no language prior here.")
+    return "\n".join(["", *lines, "", *notes, ""])
+
+
+def figures(table, trained) -> dict:
+    """plotly figures: quality per method (with CIs), quality vs prompt length, training curves."""
+    import plotly.graph_objects as go
+
+    s = summary_table(table)
+    r10 = names.recall_at(10)
+    figs = {}
+    fig = go.Figure()
+    for metric in (names.recall_at(10), names.ndcg_at(10)):
+        fig.add_bar(name=metric.split("/")[1], x=s["method"], y=s[metric],
+                    error_y=dict(type="data", array=s[f"{metric}_std"]) if f"{metric}_std" in s else None)
+    fig.update_layout(title="Test quality per method (seen items banned)", barmode="group", yaxis_title="value")
+    figs["quality_per_method.html"] = fig
+    gen = s[s[names.PROMPT_TOKENS_MEAN].notna()] if names.PROMPT_TOKENS_MEAN in s else s.iloc[0:0]
+    fig = go.Figure()
+    fig.add_scatter(x=gen[names.PROMPT_TOKENS_MEAN], y=gen[r10], mode="markers+text", text=gen["method"],
+                    textposition="top center", marker=dict(size=12))
+    for _, r in s[s[names.PROMPT_TOKENS_MEAN].isna()].iterrows() if names.PROMPT_TOKENS_MEAN in s else []:
+        fig.add_hline(y=r[r10], line_dash="dot", annotation_text=r["method"])
+    fig.update_layout(title="Quality vs prompt length", xaxis_title="prompt tokens (mean)", yaxis_title="Recall@10")
+    figs["quality_vs_prompt_length.html"] = fig
+    fig = go.Figure()
+    for (method, seed), res in trained.items():
+        h = [x for x in res.history if "epoch" in x]
+        fig.add_scatter(x=[x["epoch"] for x in h], y=[x["train_loss"] for x in h], name=f"{method} s{seed} loss")
+        fig.add_scatter(x=[x["epoch"] for x in h], y=[x["valid_recall10"] for x in h], name=f"{method} s{seed} valid R@10",
+                        yaxis="y2", line=dict(dash="dot"))
+    fig.update_layout(title="Training curves", xaxis_title="epoch", yaxis_title="train loss",
+                      yaxis2=dict(title="valid Recall@10", overlaying="y", side="right"))
+    figs["training_curves.html"] = fig
+    return figs
+
+
+def _log_study(ctx, table, trained) -> None:
+    target = ctx.parent if ctx.parent is not None else ctx.run
+    if target is None:
+        return
+    for run in {id(target): target, id(ctx.run): ctx.run}.values():
+        if run is None:
+            continue
+        run.log_table(table, "comparison_table.csv")
+        run.log_table(summary_table(table), "comparison_summary.csv")
+        run.log_text(format_table(table, ctx.cfg), "comparison_table.txt")
+    for name, fig in figures(table, trained).items():
+        target.log_figure(fig, name)
