@@ -72,6 +72,8 @@ class EngineStats:
 
 
 _SERIAL = itertools.count()
+# Prompt KV of a decode/score batch is padded to a multiple of this many positions (see _shared_prompt_kv).
+PROMPT_KV_BUCKET = 128
 
 
 @dataclass(eq=False)
@@ -85,7 +87,7 @@ class _Job:
     first_logprobs: object = None  # [vocab] log-probs after the prompt
     # beam state
     tokens: object = None  # [B_live, s] LongTensor of generated tokens
-    cum: object = None  # [B_live] float32
+    cum: object = None  # [B_live] float64
     own_kv: list | None = None  # per layer (k, v) [B_live, Hkv, s-1, D]
     banned_counts: list | None = None  # per depth [1, n_nodes] banned leaves under each trie node
     parents: object = None  # [B_live] parent beam of each beam after the last selection
@@ -397,7 +399,9 @@ class TorchEngine:
             return self._prompt_cache
         lm = self.lm
         lens = torch.as_tensor([j.prompt_len for j in jobs], device=self.device)
-        pmax = int(lens.max())
+        # Pad to a fixed bucket, not to the batch's longest prompt: the softmax and p@V reductions then
+        # run over the same length alone or in any batch, so results do not depend on batch mates.
+        pmax = -(-int(lens.max()) // PROMPT_KV_BUCKET) * PROMPT_KV_BUCKET
         out = []
         for li in range(len(lm.layers)):
             kP = torch.zeros(len(jobs), lm.n_kv, pmax, lm.head_dim, dtype=lm.dtype, device=self.device)
@@ -559,12 +563,12 @@ class TorchEngine:
                 not_last[ends.to(h.device)] = False
                 lp_rows = lm.log_probs(h[lo:hi][not_last])  # rows predicting the next candidate token
                 nxt = toks[1:][not_last[:-1]]
-                per_tok = torch.zeros(hi - lo, dtype=torch.float32, device=h.device)
+                per_tok = torch.zeros(hi - lo, dtype=torch.float64, device=h.device)
                 per_tok[torch.nonzero(~(local_i == 0)).squeeze(1)] = torch.gather(lp_rows, 1, nxt[:, None]).squeeze(1)
                 first = torch.as_tensor([c[0] for c in req.candidates], device=h.device)
                 per_tok[(local_i == 0).nonzero().squeeze(1)] = j.first_logprobs[first]
                 cand_of_row = torch.repeat_interleave(torch.arange(len(lens), device=h.device), lens.to(h.device))
-                scores = torch.zeros(len(lens), dtype=torch.float32, device=h.device).index_add_(0, cand_of_row, per_tok).tolist()
+                scores = torch.zeros(len(lens), dtype=per_tok.dtype, device=h.device).index_add_(0, cand_of_row, per_tok).tolist()
             j.done = True
             j.future.set_result(ScoreResult(req.request_id, scores=scores, timings=j.timings.finish(),
                                             prompt_tokens=j.prompt_len))
