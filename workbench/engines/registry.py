@@ -30,11 +30,11 @@ class EngineSpec:
 ENGINES: dict[str, EngineSpec] = {
     "torch": EngineSpec(
         "torch", "workbench.engines.torch_engine", "TorchEngine", ("torch", "transformers", "safetensors"),
-        "part of the workbench environment: `make env` (pip install -e . with torch==2.13.0)",
+        "part of the workbench environment: `make setup` (pip install -e . with torch==2.13.0)",
     ),
     "hf": EngineSpec(
         "hf", "workbench.engines.hf_engine", "HFEngine", ("torch", "transformers"),
-        "part of the workbench environment: `make env` (transformers is a core dependency)",
+        "part of the workbench environment: `make setup` (transformers is a core dependency)",
     ),
     "vllm": EngineSpec(
         "vllm", "workbench.engines.vllm_engine", "VLLMEngine", ("vllm",),
@@ -109,7 +109,8 @@ def _not_run_capabilities(name: str, reason: str, static: Capabilities | None) -
             feats[f] = base
         elif base is not None:
             status = Support.NOT_RUN_HERE if static is not None else Support.NOT_INSTALLED
-            feats[f] = FeatureSupport(status, f"{base.status.value} by design ({base.reason}); not run here: {reason}")
+            design = "" if base.status == Support.NOT_RUN_HERE else f"{base.status.value} by design: "
+            feats[f] = FeatureSupport(status, f"{design}{base.reason}; not run here: {reason}")
         else:
             feats[f] = FeatureSupport(Support.NOT_INSTALLED, reason)
     return Capabilities(engine=name, features=feats)
