@@ -166,9 +166,11 @@ async def test_server_killed_mid_request_fails_in_flight_requests():
     eng, server = sess.engine, sess.engine.server
     pgid = os.getpgid(server.pid)
     rng = np.random.default_rng(11)
-    reqs = [BeamSearchRequest(Prompt.of(rng.integers(2, 300, 200).tolist()), 8, 3) for _ in range(6)]
+    # enough work that it cannot all finish before the kill, even on a quiet machine
+    reqs = [BeamSearchRequest(Prompt.of(rng.integers(2, 300, 400).tolist()), 16, 3) for _ in range(48)]
     task = asyncio.ensure_future(eng.beam_search(reqs))
-    await asyncio.sleep(1.0)
+    await asyncio.sleep(0.5)
+    assert not task.done(), "the requests finished before the kill; make the workload bigger"
     os.killpg(pgid, 9)  # a crash, not a clean shutdown
     t0 = time.perf_counter()
     res = await asyncio.wait_for(task, timeout=60)
