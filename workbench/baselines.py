@@ -4,7 +4,9 @@
   valid nor the test items count), each user's seen items excluded.
 - SASRec (Kang & McAuley, 2018): a causal self-attention model over item ids, trained with
   full-softmax cross-entropy over the catalog at every position, with the same maximum history as
-  the prompts (`methods.long_m`), early-stopped on validation NDCG@10 (seen items excluded).
+  the prompts (`methods.long_m`), early-stopped on validation NDCG@10 (seen items excluded). Every
+  transition of every train sequence is a target (windows of `max_len + 1` items, `sasrec_windows`),
+  not only the last `max_len` of each user.
   Its top-100 per test user are also the candidates the generative models re-rank with `score`.
 """
 
@@ -84,6 +86,13 @@ def _build(n_items: int, st: SasrecSettings):
                                                norm_first=True, activation="gelu")
             self.encoder = nn.TransformerEncoder(layer, st.layers, enable_nested_tensor=False)
             self.norm = nn.LayerNorm(st.hidden)
+            # nn.Embedding's N(0, 1) init times sqrt(hidden) gave inputs of std 8 that swamp the position
+            # embeddings and tied output logits of std ~8 (a near one-hot softmax at step 0): SASRec then
+            # trained below popularity. Rows of std hidden**-0.5 give unit-scale inputs and logits.
+            nn.init.normal_(self.item.weight, std=st.hidden**-0.5)
+            nn.init.normal_(self.pos.weight, std=st.hidden**-0.5)
+            with torch.no_grad():
+                self.item.weight[0].zero_()
 
         def forward(self, seq):  # [B, L] -> [B, L, H]
             b, L = seq.shape
@@ -127,6 +136,27 @@ def sasrec_rank(model, histories, seen, k: int, max_len: int) -> list[list[int]]
     return top_k_excluding(sasrec_scores(model, histories, max_len), seen, k)
 
 
+def sasrec_windows(train: Sequence[np.ndarray], max_len: int) -> list[np.ndarray]:
+    """Windows of at most max_len + 1 items covering every transition of every train sequence once.
+
+    Windows are cut from the end of each sequence backwards, overlapping by one item, so each item
+    after the first is a target exactly once and the newest window always ends at the newest item.
+    Training on the last `max_len + 1` items only would throw away most of a long sequence (on
+    MovieLens-100K with max_len 10: ~10 of ~90 transitions per user).
+    """
+    out = []
+    for s in train:
+        s = np.asarray(s, dtype=np.int64)
+        end = len(s)
+        while end >= 2:
+            start = max(0, end - (max_len + 1))
+            out.append(s[start:end])
+            end = start + 1  # the window's first item is the previous window's last target
+            if start == 0:
+                break
+    return out
+
+
 def train_sasrec(
     train: Sequence[np.ndarray], valid: np.ndarray, n_items: int, st: SasrecSettings, log_fn=None
 ) -> SasrecResult:
@@ -141,7 +171,7 @@ def train_sasrec(
     rng = np.random.default_rng(st.seed)
     model = _build(n_items, st)
     opt = torch.optim.Adam(model.parameters(), lr=st.lr)
-    seqs = [np.asarray(s)[-(st.max_len + 1) :] for s in train if len(s) >= 2]
+    seqs = sasrec_windows(train, st.max_len)
     x_all = _pad_left([s[:-1] for s in seqs], st.max_len)  # inputs
     y_all = _pad_left([s[1:] for s in seqs], st.max_len) - 1  # targets (-1 = padding)
     valid_users = np.flatnonzero(valid >= 0)

@@ -28,7 +28,13 @@ from workbench import names
 from workbench.config import section_hash
 from workbench.paths import cache_dir
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: sliding-window SASRec, mask-free right-padded training (older caches are stale)
+SASREC_FORMAT = 2  # 2: unit-scale embedding init (SASRec with N(0, 1) rows trained below popularity)
+# Quality is measured through this engine, in this mode and dtype; the evaluation child runs carry
+# them as tags so the report can join quality with load runs of the same checkpoint/engine/mode/dtype.
+EVAL_ENGINE = "torch"
+EVAL_MODE = "constrained"
+EVAL_DTYPE = "float32"
 
 
 @dataclass
@@ -227,7 +233,7 @@ def sasrec(cfg, inp: StudyInputs, log_fn=None):
     from workbench.baselines import SasrecSettings, _build, train_sasrec
 
     st = SasrecSettings(max_len=cfg.methods.long_m, epochs=cfg.evaluation.sasrec_epochs, seed=cfg.seed)
-    key = section_hash("sasrec", CACHE_FORMAT, st.__dict__, inp.upstream_key)
+    key = section_hash("sasrec", CACHE_FORMAT, SASREC_FORMAT, st.__dict__, inp.upstream_key)
     folder = cache_dir("sasrec", key)
     if (folder / "done.json").exists():
         model = _build(inp.interactions.n_items, st)
@@ -243,9 +249,20 @@ def sasrec(cfg, inp: StudyInputs, log_fn=None):
     return res.model, st, info
 
 
-def _eval_key(cfg, train_ckpt: Path, users: np.ndarray, rerank: bool) -> str:
+def _eval_key(cfg, train_ckpt: Path, users: np.ndarray, rerank_cands) -> str:
+    """Hashes everything an evaluation reads, including the re-rank candidates themselves (they come
+    from SASRec, whose own cache key is not part of the checkpoint's: a retrained SASRec must not reuse
+    a re-rank result computed on another SASRec's top-100)."""
+    import hashlib
+
+    cands = "none"
+    if rerank_cands is not None:
+        h = hashlib.sha1()
+        for c in rerank_cands:
+            h.update(np.asarray(c, dtype=np.int64).tobytes() + b"|")
+        cands = h.hexdigest()
     return section_hash("eval", CACHE_FORMAT, cfg.evaluation, str(train_ckpt), cfg.methods.recent_k,
-                        cfg.methods.long_m, users.tolist(), rerank)
+                        cfg.methods.long_m, users.tolist(), cands, EVAL_ENGINE, EVAL_MODE, EVAL_DTYPE)
 
 
 def evaluate_method(cfg, inp: StudyInputs, method: str, res, users: np.ndarray, rerank_cands, progress=True) -> dict:
@@ -257,7 +274,7 @@ def evaluate_method(cfg, inp: StudyInputs, method: str, res, users: np.ndarray, 
     from workbench.model import Backbone
     from workbench.personalization import eval_examples, length_stats
 
-    key = _eval_key(cfg, res.checkpoint, users, rerank_cands is not None)
+    key = _eval_key(cfg, res.checkpoint, users, rerank_cands)
     folder = cache_dir("eval", key)
     if (folder / "done.json").exists():
         z = np.load(folder / "per_user.npz")
@@ -280,7 +297,8 @@ def evaluate_method(cfg, inp: StudyInputs, method: str, res, users: np.ndarray, 
     ev = cfg.evaluation
     settings = EvalSettings(ks=tuple(ev.ks), beam_width=ev.beam_width, validity_users=ev.validity_users,
                             latency_requests=ev.latency_requests, exhaustive=ev.exhaustive, progress=progress)
-    out = evaluate_checkpoint(res.checkpoint, ps, settings, rerank_candidates=rerank_cands)
+    out = evaluate_checkpoint(res.checkpoint, ps, settings, rerank_candidates=rerank_cands, engine_name=EVAL_ENGINE,
+                              dtype=EVAL_DTYPE)
     metrics = {**out["metrics"], **length_stats(ps)}
     arrays = {k: v for k, v in out["beam"].per_user.items()}
     if out["rerank"] is not None:
@@ -292,6 +310,13 @@ def evaluate_method(cfg, inp: StudyInputs, method: str, res, users: np.ndarray, 
     (folder / "done.json").write_text(json.dumps(metrics, indent=2, default=float))
     return {"metrics": metrics, "per_user": out["beam"].per_user,
             "rerank_per_user": {} if out["rerank"] is None else out["rerank"].per_user, "lists": lists}
+
+
+def eval_tags(method: str, seed: int, checkpoint) -> dict[str, Any]:
+    """Tags of one evaluation child run: what was measured, on which checkpoint, engine, mode and dtype."""
+    return {names.TAG_STAGE: "evaluate", names.TAG_METHOD: method, "workbench.seed": seed,
+            names.TAG_CHECKPOINT: str(checkpoint), names.TAG_ENGINE: EVAL_ENGINE, names.TAG_MODE: EVAL_MODE,
+            names.TAG_DTYPE: EVAL_DTYPE}
 
 
 def evaluate_stage(ctx) -> Any:
@@ -331,8 +356,7 @@ def evaluate_stage(ctx) -> Any:
     r10 = names.recall_at(10)
     n10 = names.ndcg_at(10)
     for (method, seed), res in trained.items():
-        tags = {names.TAG_STAGE: "evaluate", names.TAG_METHOD: method, "workbench.seed": seed,
-                names.TAG_CHECKPOINT: str(res.checkpoint)}
+        tags = eval_tags(method, seed, res.checkpoint)
         with _child(ctx, f"{method}/seed{seed}", tags) as run:
             t0 = time.perf_counter()
             ev = evaluate_method(cfg, inp, method, res, users, rerank_cands)

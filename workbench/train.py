@@ -137,9 +137,23 @@ def target_logits(model, input_ids, attention_mask, target_pos, placeholder_pos=
         rows = torch.nonzero(placeholder_pos >= 0).squeeze(1)
         soft = projector(user_vectors[rows]).to(emb.dtype)  # [b, H]
         emb = emb.index_put((rows, placeholder_pos[rows]), soft)
+    # Right padding + causal attention: no real position can see a pad position, and positions are
+    # 0..T-1 as at inference, so the padding mask is redundant. Passing `attention_mask=None` lets
+    # SDPA take its plain causal path instead of materializing a [B, 1, T, T] mask every step.
+    # `attention_mask` is still accepted (left-padded callers need it).
+    if attention_mask is not None and bool(attention_mask[:, 0].all()) and _right_padded(attention_mask):
+        attention_mask = None
     h = model.base_model(inputs_embeds=emb, attention_mask=attention_mask).last_hidden_state  # [B, T, H]
     hs = torch.gather(h, 1, target_pos[..., None].expand(-1, -1, h.shape[-1]))  # [B, depth, H]
     return model.get_output_embeddings()(hs)
+
+
+def _right_padded(mask) -> bool:
+    """True when every row of a 0/1 mask is ones followed by zeros (no hole, no left padding)."""
+    import torch
+
+    m = mask.to(torch.long)
+    return bool((m[:, 1:] <= m[:, :-1]).all())
 
 
 def sid_loss(logits, targets):
