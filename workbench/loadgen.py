@@ -249,6 +249,9 @@ async def run_point(engine, source: RequestSource, rate: float, *, n_requests: i
     t0 = time.perf_counter()
     tasks = []
     for i, at in enumerate(arrivals):
+        if at > time_cap_s:  # due after the cap: stop now rather than idle until then (that idle time would
+            state["capped"] = True  # count in wall_s and deflate the achieved rate of slow, low-rate points)
+            break
         delay = t0 + at - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)

@@ -115,7 +115,10 @@ class TorchEngine:
         max_candidates: int = 1024,
         max_candidate_tokens: int = 64,
         num_threads: int | None = None,
+        batch_invariant: bool = False,
     ):
+        """`batch_invariant`: fixed-size GEMM row blocks so results are identical whatever shares a
+        batch, also with several BLAS threads (opt-in: costs up to ~2x on small decode batches)."""
         torch = _import_torch()
         from workbench.checkpoint import LoadedCheckpoint, load_checkpoint
         from workbench.engines.torch_model import FastLM
@@ -128,7 +131,7 @@ class TorchEngine:
         self.checkpoint = ck
         self.dtype = dtype
         self.device = torch.device(device)
-        self.lm = FastLM(ck.model, device=self.device, dtype=getattr(torch, dtype))
+        self.lm = FastLM(ck.model, device=self.device, dtype=getattr(torch, dtype), batch_invariant=batch_invariant)
         self.projector = ck.projector.to(self.device) if ck.projector is not None else None
         self.catalog = ck.catalog
         self.trie = ck.catalog.trie()

@@ -42,16 +42,17 @@ def rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor:
 
 # Batch invariance: BLAS picks kernels, blocking and the thread split by the number of rows M
 # (1-2 rows even take a gemv path), so a row's rounding can depend on its batch mates. Tiny
-# batches are padded to MIN_ROWS; larger ones run in fixed blocks of BLOCK_ROWS rows, so every
-# GEMM has one of two shapes whatever else is in the forward (measured cost ~5-10% on a tiny
-# model; set BLOCK_ROWS = 0 to trade invariance for that).
+# batches are always padded to MIN_ROWS. With one thread that is enough (rows then match to
+# ~1e-6 alone vs batched); with several threads the split itself depends on M, so the engine's
+# `batch_invariant=True` runs every GEMM in fixed blocks of BLOCK_ROWS rows. That is opt-in: it
+# pads a 30-row decode step to 256 rows (measured 1.9x slower per request on a 25M model).
 MIN_ROWS = 4
 BLOCK_ROWS = 256
 
 
-def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+def linear(x: Tensor, w: Tensor, b: Tensor | None = None, blocked: bool = False) -> Tensor:
     n = x.shape[0]
-    if BLOCK_ROWS and n > MIN_ROWS:
+    if blocked and n > MIN_ROWS:
         pad = (-n) % BLOCK_ROWS
         xp = F.pad(x, (0, 0, 0, pad)) if pad else x
         return torch.cat([F.linear(blk, w, b) for blk in xp.split(BLOCK_ROWS)])[:n]
@@ -131,8 +132,10 @@ class SharedSegment:
 class FastLM:
     """Weights of a Qwen3/Llama causal LM, re-laid out for fused matmuls, and the segment forward."""
 
-    def __init__(self, hf_model, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+    def __init__(self, hf_model, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                 batch_invariant: bool = False):
         cfg = hf_model.config
+        self.batch_invariant = batch_invariant
         if cfg.model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModel(
                 f"the torch engine implements {SUPPORTED_MODEL_TYPES}, not {cfg.model_type!r}; use the hf engine"
@@ -211,7 +214,7 @@ class FastLM:
 
     def logits(self, h: Tensor) -> Tensor:
         """Final-normed hidden rows [N, hidden] -> logits [N, vocab] (in the model dtype)."""
-        return linear(h, self.lm_head)
+        return linear(h, self.lm_head, blocked=self.batch_invariant)
 
     def log_probs(self, h: Tensor) -> Tensor:
         # float64 normalization and (downstream) accumulation: cumulative beam scores then differ
@@ -234,7 +237,7 @@ class FastLM:
         H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
         for li, lw in enumerate(self.layers):
             h = rms_norm(x, lw.ln1, self.eps)
-            qkv = linear(h, lw.wqkv, lw.bqkv)
+            qkv = linear(h, lw.wqkv, lw.bqkv, blocked=self.batch_invariant)
             q = qkv[:, : H * D].view(-1, H, D)
             k = qkv[:, H * D : (H + Hkv) * D].view(-1, Hkv, D)
             v = qkv[:, (H + Hkv) * D :].view(-1, Hkv, D)
@@ -253,11 +256,11 @@ class FastLM:
                     outs.append(self._attend_shared(seg, li, q[sl], k[sl], v[sl]))
                 off += n
             o = outs[0] if len(outs) == 1 else torch.cat(outs)
-            x = x + linear(o, lw.wo, lw.bo)
+            x = x + linear(o, lw.wo, lw.bo, blocked=self.batch_invariant)
             h = rms_norm(x, lw.ln2, self.eps)
-            gu = linear(h, lw.w_gate_up)
+            gu = linear(h, lw.w_gate_up, blocked=self.batch_invariant)
             inter = gu.shape[-1] // 2
-            x = x + linear(F.silu(gu[:, :inter]) * gu[:, inter:], lw.w_down)
+            x = x + linear(F.silu(gu[:, :inter]) * gu[:, inter:], lw.w_down, blocked=self.batch_invariant)
         return rms_norm(x, self.norm, self.eps)
 
     def _positions(self, seg) -> Tensor:
