@@ -23,7 +23,6 @@ reason and the sweep goes on; the last line printed is one JSON document with th
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import math
@@ -36,6 +35,7 @@ from typing import Any, Iterator
 from workbench import names
 from workbench.config import ConfigError, EngineEntry, ExperimentConfig, LoadConfig, section_hash
 from workbench.cost import relative_cost, usd_per_million
+from workbench.sync import run_sync
 from workbench.loadgen import SweepSettings, measure_unloaded, records_table, run_sweep, warm_up
 from workbench.metrics import (
     SLO_MS, UNLOADED_P50, UNLOADED_P99, PointMetrics, default_slo_ms, percentile, points_table, saturation_qps,
@@ -349,7 +349,7 @@ def _child(parent, cfg: ExperimentConfig, entry: EngineEntry, checkpoint: Path, 
             child.run_id = h.run_id
             h.log_params({"engine": entry.model_dump(mode="json"), "load": load.model_dump(mode="json"),
                           "cost": cfg.cost.model_dump(mode="json"), "checkpoint": str(checkpoint)})  # fmt: skip
-            records = run_async(_run_engine(entry, checkpoint, workload, settings, slo, child, h, load, log_dir,
+            records = run_sync(_run_engine(entry, checkpoint, workload, settings, slo, child, h, load, log_dir,
                                             engine_factory))
             h.log_table(records_table(records), "records.csv")
             h.log_table(points_table(child.points), "points.csv")
@@ -374,18 +374,6 @@ def _child(parent, cfg: ExperimentConfig, entry: EngineEntry, checkpoint: Path, 
         child.error = f"{type(e).__name__}: {e}"[:2000]
         print(f"[bench] {series} on {checkpoint.name}: FAILED: {child.error}", file=sys.stderr)
     return child
-
-
-def run_async(coro):
-    """`asyncio.run`, also from inside a running loop (Jupyter): then on a fresh loop in a worker thread."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    import concurrent.futures
-
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
 
 
 def _ordered_engines(cfg: ExperimentConfig) -> list[EngineEntry]:

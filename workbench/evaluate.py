@@ -20,8 +20,6 @@ error), re-ranking given candidates (SASRec's top-100) with `score`, and per-req
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -29,6 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from workbench import names
+from workbench.sync import run_sync
 
 # ---- metrics ---------------------------------------------------------------------------------
 
@@ -142,16 +141,6 @@ def compare(a: Quality, b: Quality, metric: str, n_boot: int = 1000, seed: int =
 
 
 # ---- engine queries ----------------------------------------------------------------------------
-
-
-def run_sync(coro) -> Any:
-    """Run a coroutine to completion, also from inside a running loop (Jupyter/papermill)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
 
 
 @dataclass

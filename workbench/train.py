@@ -176,7 +176,8 @@ def validate_recall10(loaded, valid_set, beam_width: int, progress: bool) -> flo
     engine runs the same code path as the final evaluation.
     """
     from workbench.engines import registry
-    from workbench.evaluate import beam_rank, per_user_metrics, ranks_of, run_sync
+    from workbench.evaluate import beam_rank, per_user_metrics, ranks_of
+    from workbench.sync import run_sync
 
     engine = registry.create_engine("torch", checkpoint=loaded)
     try:
