@@ -18,17 +18,6 @@ NB04 = REPO_ROOT / "notebooks" / "04_latency_and_cost.ipynb"
 NB05 = REPO_ROOT / "notebooks" / "05_study_report.ipynb"
 
 
-@pytest.mark.parametrize("path", [NB04, NB05])
-def test_parameters_first_and_no_outputs(path):
-    import nbformat
-
-    nb = nbformat.read(path, as_version=4)
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    assert "parameters" in code[0].metadata.get("tags", [])
-    assert "results_json" in code[0].source
-    assert all(not c.get("outputs") and c.get("execution_count") is None for c in code), "commit without outputs"
-
-
 @pytest.mark.notebook
 @pytest.mark.timeout(900)
 def test_notebooks_04_then_05(tmp_path, monkeypatch):
