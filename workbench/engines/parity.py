@@ -116,13 +116,19 @@ async def compare_engines(engine, oracle, checkpoint, *, n_prompts: int = 2, pro
     cands = tuple(tuple(catalog.sid_tokens(int(i))) for i in rng.choice(catalog.n_items, n_candidates, replace=False))
     labels = tuple(int(x) for x in rng.choice(meta.layout.base_vocab_size - 2, 2, replace=False) + 2)
 
-    async def beam_case(name, feature, plist, constrained):
+    def skipped(name, feature, plist) -> bool:
+        """Record a skipped case (feature not offered by the engine, or no soft-token prompts)."""
         if feature and not caps.supports(feature):
             fs = caps.features[feature]
             report.cases.append(ParityCase(name, "skipped", detail=f"{fs.status.value}: {fs.reason}"))
-            return
+            return True
         if not plist:
             report.cases.append(ParityCase(name, "skipped", detail="checkpoint has no soft-token projector"))
+            return True
+        return False
+
+    async def beam_case(name, feature, plist, constrained):
+        if skipped(name, feature, plist):
             return
         reqs = [BeamSearchRequest(p, beam_width, depth, constrained=constrained) for p in plist]
         (got, te), (want, to) = await _timed(engine.beam_search(reqs)), await _timed(oracle.beam_search(reqs))
@@ -139,12 +145,7 @@ async def compare_engines(engine, oracle, checkpoint, *, n_prompts: int = 2, pro
         report.cases.append(ParityCase(name, status, worst, why, te, to))
 
     async def score_case(name, feature, plist, mode):
-        if feature and not caps.supports(feature):
-            fs = caps.features[feature]
-            report.cases.append(ParityCase(name, "skipped", detail=f"{fs.status.value}: {fs.reason}"))
-            return
-        if not plist:
-            report.cases.append(ParityCase(name, "skipped", detail="checkpoint has no soft-token projector"))
+        if skipped(name, feature, plist):
             return
         reqs = [ScoreRequest(p, cands, mode=mode, label_token_ids=labels if mode == "label" else ()) for p in plist]
         (got, te), (want, to) = await _timed(engine.score(reqs)), await _timed(oracle.score(reqs))
