@@ -59,8 +59,44 @@ RANDOM_SIZES: dict[str, dict[str, Any]] = {
 }
 
 
-def resolve_checkpoint(spec: str, load: LoadConfig) -> Path:
-    """A checkpoint directory for `spec`: a path, or `random:<size>` built once and cached under data/."""
+class StudySource:
+    """The study (`load.study`) behind trained checkpoints and test-split prompts, prepared once per sweep."""
+
+    def __init__(self, path: str):
+        from workbench.config import load_config
+
+        self.path = path
+        self.cfg = load_config(path)
+        self._inputs = None
+
+    @property
+    def inputs(self):
+        if self._inputs is None:
+            from workbench.pipeline import prepare_context
+            from workbench.study import inputs_from_context
+
+            print(f"[bench] preparing the study {self.path} (data, embeddings, SIDs; cached)", file=sys.stderr)
+            self._inputs = inputs_from_context(prepare_context(self.cfg))
+        return self._inputs
+
+    def checkpoint(self, method: str) -> Path:
+        from workbench.study import trained_checkpoint
+
+        return trained_checkpoint(self.cfg, self.inputs, method).resolve()
+
+    def test_prompts(self, checkpoint: Path):
+        from workbench.study import study_test_prompts
+
+        return study_test_prompts(self.cfg, checkpoint, self.inputs)
+
+
+def resolve_checkpoint(spec: str, load: LoadConfig, study: StudySource | None = None) -> Path:
+    """A checkpoint directory for `spec`: a path, `trained:<method>` (from `load.study`'s train cache), or
+    `random:<size>` built once and cached under data/."""
+    if spec.startswith("trained:"):
+        if study is None:
+            raise ConfigError(f"load.checkpoints {spec} needs load.study (the experiment YAML that trained it)")
+        return study.checkpoint(spec.split(":", 1)[1])
     if not spec.startswith("random:"):
         p = Path(spec).expanduser()
         if not (p / "workbench.json").exists():
@@ -246,18 +282,22 @@ def sweep_settings(load: LoadConfig) -> SweepSettings:
     )  # fmt: skip
 
 
-def make_workload(load: LoadConfig, checkpoint: Path):
-    from workbench.data.workloads import SyntheticWorkload, WorkloadShape
+def make_workload(load: LoadConfig, checkpoint: Path, study: StudySource | None = None):
+    """Synthetic prompts of `load.prompt_tokens`, or (prompts_from: test_split) the checkpoint's real test prompts."""
+    from workbench.data.workloads import SyntheticWorkload, TestSplitWorkload, WorkloadShape
 
-    if load.prompts_from != "synthetic":
-        raise ConfigError(
-            "load.prompts_from: test_split is not wired into `workbench bench` yet; use synthetic prompts of the "
-            "method's measured prompt length (prompt/tokens_mean of its quality run) via load.prompt_tokens"
-        )
     kind = "scoring" if load.workload == "scoring" else "beam_search"
     shape = WorkloadShape(kind=kind, prompt_tokens=load.prompt_tokens, beam_width=load.beam_width,
                           max_new_tokens=load.max_new_tokens, constrained=load.constrained, candidates=load.candidates,
                           candidate_tokens=load.candidate_tokens, seed=load.seed)  # fmt: skip
+    if load.prompts_from == "test_split":
+        if study is None:
+            raise ConfigError("load.prompts_from: test_split needs load.study (the experiment YAML that trained "
+                              "the checkpoints)")  # fmt: skip
+        try:
+            return TestSplitWorkload.from_prompt_set(shape, checkpoint, study.test_prompts(checkpoint))
+        except ValueError as e:
+            raise ConfigError(f"load.prompts_from: test_split on {checkpoint}: {e}") from None
     return SyntheticWorkload.from_checkpoint(shape, checkpoint)
 
 
@@ -326,14 +366,15 @@ async def _run_engine(entry: EngineEntry, checkpoint: Path, workload, settings, 
 
 
 def _child(parent, cfg: ExperimentConfig, entry: EngineEntry, checkpoint: Path, slo: _SLO, settings: SweepSettings,
-           reference_cost: dict[str, float], log_dir: Path, engine_factory=None) -> ChildResult:
+           reference_cost: dict[str, float], log_dir: Path, engine_factory=None,
+           study: StudySource | None = None) -> ChildResult:
     from workbench.checkpoint import read_meta
     from workbench.plots import latency_vs_qps
     from workbench.tracking import start_run
 
     load = cfg.load
     meta = read_meta(checkpoint)
-    workload = make_workload(load, checkpoint)
+    workload = make_workload(load, checkpoint, study)
     series = entry.label or entry.name
     child = ChildResult(series=series, engine=entry.name, method=meta.method, checkpoint=str(checkpoint),
                         workload=workload.name, mode="", dtype=entry.dtype, transport=_transport(entry))  # fmt: skip
@@ -342,6 +383,7 @@ def _child(parent, cfg: ExperimentConfig, entry: EngineEntry, checkpoint: Path, 
         names.TAG_CHECKPOINT: str(checkpoint), names.TAG_DTYPE: entry.dtype, names.TAG_WORKLOAD: workload.name,
         names.TAG_DATASET: cfg.dataset.name, "workbench.series": series, "workbench.transport": child.transport,
         "workbench.sid_version": meta.sid_version, "workbench.backbone": meta.backbone,
+        "workbench.prompts_from": load.prompts_from,
     }  # fmt: skip
     run_name = f"{series}/{meta.method}/{workload.name}"
     try:
@@ -349,6 +391,8 @@ def _child(parent, cfg: ExperimentConfig, entry: EngineEntry, checkpoint: Path, 
             child.run_id = h.run_id
             h.log_params({"engine": entry.model_dump(mode="json"), "load": load.model_dump(mode="json"),
                           "cost": cfg.cost.model_dump(mode="json"), "checkpoint": str(checkpoint)})  # fmt: skip
+            if hasattr(workload, "prompt_tokens_mean"):  # real prompts: their measured length
+                h.log_metrics({names.PROMPT_TOKENS_MEAN: workload.prompt_tokens_mean})
             records = run_sync(_run_engine(entry, checkpoint, workload, settings, slo, child, h, load, log_dir,
                                             engine_factory))
             h.log_table(records_table(records), "records.csv")
@@ -398,7 +442,8 @@ def run_bench(cfg: ExperimentConfig, experiment_file: str | Path | None = None, 
         raise ConfigError("this experiment has no `load` section; see experiments/beam_search_load.yaml")
     load = cfg.load
     experiment = cfg.tracking.experiment or (Path(experiment_file).stem if experiment_file else cfg.name)
-    checkpoints = [resolve_checkpoint(s, load) for s in load.checkpoints]
+    study = StudySource(load.study) if load.study else None
+    checkpoints = [resolve_checkpoint(s, load, study) for s in load.checkpoints]
     settings = sweep_settings(load)
     if progress is not None:
         settings.progress = progress
@@ -412,7 +457,7 @@ def run_bench(cfg: ExperimentConfig, experiment_file: str | Path | None = None, 
         for ckpt in checkpoints:
             for entry in _ordered_engines(cfg):
                 children.append(_child(parent, cfg, entry, ckpt, slo, settings, reference_cost, log_dir,
-                                       engine_factory))
+                                       engine_factory, study))
         result = BenchResult(experiment, parent.run_id, slo.ms if slo.ms is not None else float("nan"), slo.source,
                              children)  # fmt: skip
         parent.set_tags({"workbench.slo_source": slo.source})

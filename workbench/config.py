@@ -112,7 +112,7 @@ class TrainingConfig(Section):
     targets_per_user: int = Field(5, ge=1)  # training targets taken from each user's train sequence
     valid_users: int = Field(200, ge=1)  # validation sample for Recall@10 each epoch
     patience: int = Field(2, ge=1)  # early stopping (epochs without improvement)
-    bf16: bool = False  # bfloat16 autocast on CPU
+    bf16: bool = False  # bfloat16 autocast on CPU: only a speed-up where the CPU has bf16 instructions (AVX512-BF16/AMX)
     seeds: tuple[int, ...] = (0,)
     max_steps: int | None = None  # cap on optimizer steps (same for every method)
     num_threads: int | None = None  # torch CPU threads for training and evaluation (None: torch default)
@@ -177,14 +177,31 @@ class LoadConfig(Section):
     burstiness: float = Field(1.0, gt=0)  # gamma shape; 1.0 = Poisson
     time_cap_s: float = Field(600.0, gt=0)  # per rate point
     slo_ms: float | None = None  # None: 5x the reference engine's unloaded p50
+    # synthetic: random base-vocabulary prompts of prompt_tokens tokens; test_split: each checkpoint's real test
+    # prompts (its method's layout, its tokenizer, seen items banned when constrained), built from `study`
     prompts_from: Literal["synthetic", "test_split"] = "synthetic"
+    # the experiment YAML that trained the checkpoints: needed by prompts_from test_split and `trained:<method>`
+    study: str | None = None
     seed: int = 0
     # checkpoint dirs, or random:small | random:25m (random weights, real format; cached under data/)
+    # `trained:<method>` = that method's checkpoint trained by `study` (seed 0, best LR on validation)
     checkpoints: tuple[str, ...] = ("random:small",)
     unloaded_requests: int = Field(10, ge=1)  # sent one at a time: the unloaded p50 behind the default SLO
     slo_multiple: float = Field(5.0, gt=1)  # default SLO = this x the reference engine's unloaded p50
     grid_factor: float = Field(2.0, gt=1)  # adaptive grid growth while every point holds the SLO
     request_timeout_s: float = Field(300.0, gt=0)  # a request without a result by then is a failure
+
+    @model_validator(mode="after")
+    def _study(self):
+        trained = [c for c in self.checkpoints if c.startswith("trained:")]
+        if (self.prompts_from == "test_split" or trained) and not self.study:
+            what = "load.prompts_from: test_split" if self.prompts_from == "test_split" else f"load.checkpoints {trained}"
+            raise ValueError(f"{what} needs load.study: the experiment YAML that trained the checkpoints "
+                             "(e.g. experiments/quickstart.yaml)")
+        for c in trained:
+            if c.split(":", 1)[1] not in names.METHODS:
+                raise ValueError(f"load.checkpoints: unknown method in {c!r}; use trained:<one of {list(names.METHODS)}>")
+        return self
 
 
 class CostConfig(Section):

@@ -265,14 +265,64 @@ def _eval_key(cfg, train_ckpt: Path, users: np.ndarray, rerank_cands) -> str:
                         cfg.methods.long_m, users.tolist(), cands, EVAL_ENGINE, EVAL_MODE, EVAL_DTYPE)
 
 
-def evaluate_method(cfg, inp: StudyInputs, method: str, res, users: np.ndarray, rerank_cands, progress=True) -> dict:
-    """Metrics + per-user arrays of one trained checkpoint on the test users (cached)."""
+def test_prompt_set(cfg, inp: StudyInputs, method: str, checkpoint: Path, users: np.ndarray):
+    """The test prompts of `method` for `users`, tokenized with the checkpoint's own tokenizer and layout
+    (what evaluation sends, and what a `prompts_from: test_split` load test replays)."""
     from transformers import AutoTokenizer
 
     from workbench.checkpoint import read_meta
+    from workbench.personalization import PromptBuilder, eval_examples, tokenize_item_texts
+
+    meta = read_meta(checkpoint)
+    tok = AutoTokenizer.from_pretrained(checkpoint)
+    max_pos = json.loads((Path(checkpoint) / "config.json").read_text()).get("max_position_embeddings", 2048)
+    builder = PromptBuilder(method, meta.layout, meta.layout.item_codes_to_ids(inp.item_codes), cfg.methods.recent_k,
+                            cfg.methods.long_m,
+                            tokenize_item_texts(tok, inp.item_texts) if method == "text_history" else None,
+                            max_prompt_tokens=max_pos - meta.layout.item_depth)  # fmt: skip
+    return eval_examples(builder, inp.interactions, "test", inp.encoder, users=users)
+
+
+class StudyError(ValueError):
+    """A load test asked for a study's checkpoints or prompts that the study has not produced."""
+
+
+def trained_checkpoint(cfg, inp: StudyInputs, method: str, seed: int | None = None) -> Path:
+    """The checkpoint `workbench run` trained for `method` (seed: the first of training.seeds; the LR of the
+    grid with the best validation Recall@10, as the train stage picks it). Never trains: says how to."""
+    from workbench.train import TrainResult
+
+    seed = cfg.training.seeds[0] if seed is None else seed
+    found = []
+    for lr in cfg.training.lr_grid:
+        done = cache_dir("train", _train_key(cfg, inp, method, lr, seed)) / "result.json"
+        if done.exists():
+            res = TrainResult.from_dict(json.loads(done.read_text()))
+            if res.checkpoint.exists():
+                found.append(res)
+    if len(found) < len(cfg.training.lr_grid):
+        raise StudyError(f"{cfg.name}: method {method!r} (seed {seed}) is not trained for every LR of its grid; "
+                         f"run `workbench run <the study's YAML> --stages data embeddings semantic_ids train` first")
+    return max(found, key=lambda r: r.best_valid_recall10).checkpoint
+
+
+def study_test_prompts(cfg, checkpoint: Path, inp: StudyInputs | None = None):
+    """The test prompts of the study `cfg` for a checkpoint it trained (its method, its test users)."""
+    from workbench.checkpoint import read_meta
+    from workbench.pipeline import prepare_context
+
+    inp = inp or inputs_from_context(prepare_context(cfg))
+    meta = read_meta(checkpoint)
+    if meta.sid_version != inp.sid_version:
+        raise StudyError(f"{checkpoint} was trained on other Semantic IDs (sid_version {meta.sid_version}) than the "
+                         f"study {cfg.name} builds ({inp.sid_version}); point load.study at the YAML that trained it")
+    return test_prompt_set(cfg, inp, meta.method, Path(checkpoint), test_users(cfg, inp))
+
+
+def evaluate_method(cfg, inp: StudyInputs, method: str, res, users: np.ndarray, rerank_cands, progress=True) -> dict:
+    """Metrics + per-user arrays of one trained checkpoint on the test users (cached)."""
     from workbench.evaluate import EvalSettings, evaluate_checkpoint
-    from workbench.model import Backbone
-    from workbench.personalization import eval_examples, length_stats
+    from workbench.personalization import length_stats
 
     key = _eval_key(cfg, res.checkpoint, users, rerank_cands)
     folder = cache_dir("eval", key)
@@ -282,18 +332,7 @@ def evaluate_method(cfg, inp: StudyInputs, method: str, res, users: np.ndarray, 
                 "per_user": {k: z[k] for k in z.files if k.startswith("quality/")},
                 "rerank_per_user": {k[7:]: z[k] for k in z.files if k.startswith("rerank:")},
                 "lists": z["lists"]}
-    meta = read_meta(res.checkpoint)
-    tok = AutoTokenizer.from_pretrained(res.checkpoint)
-    bb = Backbone(model=None, tokenizer=tok, layout=meta.layout, name=meta.backbone, pretrained=False)
-    max_pos = json.loads((res.checkpoint / "config.json").read_text()).get("max_position_embeddings", 2048)
-    from workbench.personalization import PromptBuilder, tokenize_item_texts
-
-    builder = PromptBuilder(method, meta.layout, meta.layout.item_codes_to_ids(inp.item_codes), cfg.methods.recent_k,
-                            cfg.methods.long_m,
-                            tokenize_item_texts(tok, inp.item_texts) if method == "text_history" else None,
-                            max_prompt_tokens=max_pos - meta.layout.item_depth)
-    del bb
-    ps = eval_examples(builder, inp.interactions, "test", inp.encoder, users=users)
+    ps = test_prompt_set(cfg, inp, method, res.checkpoint, users)
     ev = cfg.evaluation
     settings = EvalSettings(ks=tuple(ev.ks), beam_width=ev.beam_width, validity_users=ev.validity_users,
                             latency_requests=ev.latency_requests, exhaustive=ev.exhaustive, progress=progress)
@@ -366,7 +405,7 @@ def evaluate_stage(ctx) -> Any:
                    "train/examples": res.train_examples, "train/tokens": res.train_tokens, "train/flops": res.flops,
                    "train/wall_s": res.wall_s, "train/epochs": res.epochs_run,
                    "train/best_valid_recall_at_10": res.best_valid_recall10}
-            for ref in ("none", "sasrec"):
+            for ref in ("none", "sasrec", "popularity"):
                 if (ref, seed if ref == "none" else cfg.seed) in per_user and ref != method:
                     for metric in (r10, n10):
                         diff, lo, hi = paired_bootstrap(ev["per_user"][metric],
@@ -424,12 +463,13 @@ def summary_table(table):
 
 
 def format_table(table, cfg) -> str:
-    """The comparison table as text (Recall/NDCG@10 with intervals vs none, prompt length, latency)."""
+    """The comparison table as text (Recall/NDCG@10 with intervals vs none and vs popularity, prompt length,
+    latency). With several seeds the intervals are averaged over seeds (each is a per-seed paired bootstrap)."""
     s = summary_table(table)
     r10, n10 = names.recall_at(10), names.ndcg_at(10)
     multi = any(c.endswith("_std") for c in s.columns)
     lines = []
-    hdr = f"{'method':27s} {'R@10':>14s} {'N@10':>14s} {'dR@10 vs none [95% CI]':>27s} {'R@30':>7s} {'MRR':>7s} {'valid':>6s} {'cov':>6s} {'tokens':>7s} {'ms/req':>7s} {'rerank N@10':>11s}"
+    hdr = f"{'method':27s} {'R@10':>14s} {'N@10':>14s} {'dR@10 vs none [95% CI]':>27s} {'dR@10 vs pop [95% CI]':>27s} {'R@30':>7s} {'MRR':>7s} {'valid':>6s} {'cov':>6s} {'tokens':>7s} {'ms/req':>7s} {'rerank N@10':>11s}"
     lines.append(hdr)
     lines.append("-" * len(hdr))
     for _, r in s.iterrows():
@@ -441,15 +481,16 @@ def format_table(table, cfg) -> str:
             if multi and f"{col}_std" in r and not math.isnan(r[f"{col}_std"]):
                 out += "±" + fmt.format(r[f"{col}_std"])
             return out
-        ci = "-"
-        dk = "diff_vs_none/" + r10.split("/")[1]
-        if not math.isnan(r.get(dk, float("nan"))):
-            ci = f"{r[dk]:+.4f} [{r[dk + '_lo']:+.3f},{r[dk + '_hi']:+.3f}]"
+        def ci(ref):
+            dk = f"diff_vs_{ref}/" + r10.split("/")[1]
+            if math.isnan(r.get(dk, float("nan"))):
+                return "-"
+            return f"{r[dk]:+.4f} [{r[dk + '_lo']:+.3f},{r[dk + '_hi']:+.3f}]"
         label = LABELS.get(r["method"], r["method"])
         if r["method"] == "text_history" and cfg.model.backbone == "tiny-qwen3":
             label = "text_history (no LM prior)"
         lines.append(
-            f"{label:27s} {v(r10):>14s} {v(n10):>14s} {ci:>27s} {v(names.recall_at(30)):>7s} {v(names.MRR):>7s} "
+            f"{label:27s} {v(r10):>14s} {v(n10):>14s} {ci('none'):>27s} {ci('popularity'):>27s} {v(names.recall_at(30)):>7s} {v(names.MRR):>7s} "
             f"{v(names.SID_VALIDITY, '{:.3f}'):>6s} {v(names.COVERAGE, '{:.3f}'):>6s} {v(names.PROMPT_TOKENS_MEAN, '{:.0f}'):>7s} "
             f"{v('latency/request_mean_ms', '{:.1f}'):>7s} {v(n10.replace('quality/', 'rerank/')):>11s}"
         )

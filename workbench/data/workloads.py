@@ -119,3 +119,56 @@ class SyntheticWorkload:
                                      max_new_tokens=s.max_new_tokens, constrained=s.constrained,
                                      request_id=f"r{index}")  # fmt: skip
         return ScoreRequest(prompt=self.prompt(index), candidates=self.candidates(index), request_id=f"r{index}")
+
+
+class TestSplitWorkload(SyntheticWorkload):
+    """A trained checkpoint's real test prompts (its method's layout and tokenizer), replayed in order.
+
+    Request i sends test prompt `i mod n` (n = the study's test users): within a rate point of at most
+    n requests every prompt is a different user's, so no two share more than the method's fixed
+    markers. Constrained beam search bans each user's seen items, exactly as evaluation does, so a
+    load run and its quality run measure the same requests. Scoring candidates are catalog items.
+    """
+
+    def __init__(self, shape: WorkloadShape, layout: SidLayout, prompts, item_token_ids: np.ndarray | None):
+        super().__init__(shape, layout, item_token_ids, prompts.user_vectors.shape[1] if prompts.user_vectors is not None else None)
+        if len(prompts) == 0:
+            raise ValueError("the study has no test prompts for this checkpoint")
+        self.prompts = prompts  # personalization.PromptSet
+        lengths = prompts.lengths()
+        self.prompt_tokens_mean = float(lengths.mean())
+
+    @classmethod
+    def from_prompt_set(cls, shape: WorkloadShape, checkpoint: str | Path, prompts) -> "TestSplitWorkload":
+        from workbench.checkpoint import CATALOG_FILE, read_meta
+
+        meta = read_meta(checkpoint)
+        if prompts.method != meta.method:
+            raise ValueError(f"{checkpoint} is a {meta.method!r} checkpoint but the prompts are {prompts.method!r}")
+        if shape.kind == "beam_search" and shape.constrained and shape.max_new_tokens != meta.layout.item_depth:
+            raise ValueError(f"constrained beam search writes one SID: load.max_new_tokens must be the SID depth "
+                             f"{meta.layout.item_depth} of {checkpoint}, got {shape.max_new_tokens}")
+        cat = Path(checkpoint) / CATALOG_FILE
+        item_ids = meta.layout.item_codes_to_ids(np.load(cat)["item_codes"]) if cat.exists() else None
+        return cls(shape, meta.layout, prompts, item_ids)
+
+    @property
+    def name(self) -> str:
+        s = self.shape
+        if s.kind == "beam_search":
+            return f"beam_search/test_split/b{s.beam_width}/n{s.max_new_tokens}/{'c' if s.constrained else 'u'}"
+        return f"scoring/test_split/c{s.candidates}x{s.candidate_tokens}"
+
+    def prompt(self, index: int) -> Prompt:
+        if index < 0:
+            raise ValueError(f"request index must be >= 0, got {index}")
+        return self.prompts.engine_prompt(index % len(self.prompts))
+
+    def request(self, index: int) -> BeamSearchRequest | ScoreRequest:
+        s = self.shape
+        if s.kind == "beam_search":
+            i = index % len(self.prompts)
+            banned = tuple(int(x) for x in self.prompts.seen[i]) if (s.constrained and self.prompts.seen) else ()
+            return BeamSearchRequest(prompt=self.prompt(index), beam_width=s.beam_width, max_new_tokens=s.max_new_tokens,
+                                     constrained=s.constrained, banned_items=banned, request_id=f"r{index}")  # fmt: skip
+        return ScoreRequest(prompt=self.prompt(index), candidates=self.candidates(index), request_id=f"r{index}")

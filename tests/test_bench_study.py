@@ -1,0 +1,109 @@
+"""Load tests on a study's own trained checkpoints with its real test prompts, joined with its quality.
+
+A tiny study (ML-100K, collaborative SIDs, a 1-layer model, `none` + `soft_token`, one short epoch)
+is trained and evaluated through the real pipeline into a temporary MLflow store; then
+`workbench bench` replays each checkpoint's test prompts (`load.prompts_from: test_split`,
+`trained:<method>` checkpoints) on the torch engine, constrained like evaluation, and the report's
+join gives each load run its quality: the points of the quality-vs-cost Pareto plot.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import yaml
+
+from workbench import names
+
+pytestmark = pytest.mark.timeout(900)
+
+STUDY = {
+    "name": "bench_study",
+    "dataset": {"name": "ml-100k"},
+    "split": {"max_history": 50},
+    "embeddings": {"als_factors": 16, "als_iterations": 3},
+    "semantic_ids": {"item_vectors": "collab", "levels": 2, "codebook_size": 16},
+    "user_sids": {"levels": 1, "codebook_size": 8},
+    "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "head_dim": 16,
+              "intermediate_size": 64, "bpe_vocab_size": 500},
+    "training": {"epochs": 1, "targets_per_user": 1, "valid_users": 30, "batch_size": 64, "num_threads": 1},
+    "methods": {"run": ["none", "soft_token"], "recent_k": 3, "long_m": 5},
+    "evaluation": {"test_users": 30, "bootstrap": 50, "sasrec_epochs": 1, "validity_users": 5,
+                   "latency_requests": 2, "rerank_top": 30},
+    "stages": ["data", "embeddings", "semantic_ids", "train", "evaluate"],
+}  # fmt: skip
+
+
+@pytest.fixture
+def trained_study(tmp_path, data_dir, mlflow_store):
+    if importlib.util.find_spec("recbole") is None:
+        pytest.skip("MovieLens-100K ships in the recbole wheel: pip install --no-deps recbole==1.2.1")
+    import torch
+
+    from workbench.config import load_config
+    from workbench.pipeline import run_experiment
+
+    torch.set_num_threads(1)
+    path = tmp_path / "bench_study.yaml"
+    path.write_text(yaml.safe_dump(STUDY))
+    run_experiment(load_config(path), path)
+    return path
+
+
+def test_test_split_load_on_trained_checkpoints_joins_quality(trained_study, tmp_path):
+    from workbench.bench import run_bench
+    from workbench.config import parse_config
+    from workbench.report import collect_study, default_quality_metric
+
+    cfg = parse_config({
+        "name": "bench_on_study", "dataset": {"name": "ml-100k"}, "engines": [{"name": "torch"}],
+        "load": {"workload": "personalization", "study": str(trained_study), "prompts_from": "test_split",
+                 "checkpoints": ["trained:none", "trained:soft_token"], "beam_width": 30, "max_new_tokens": 3,
+                 "constrained": True, "rates": [4.0], "requests_per_rate": 12, "warmup_requests": 2,
+                 "unloaded_requests": 3, "time_cap_s": 60},
+        "cost": {"usd_per_hour": 3.6, "reference_engine": "torch"},
+    })  # fmt: skip
+    res = run_bench(cfg, progress=False)
+    assert [c.error for c in res.children] == [None, None]
+    assert [c.method for c in res.children] == ["none", "soft_token"]
+    assert all(c.workload == "beam_search/test_split/b30/n3/c" and c.mode == "constrained" for c in res.children)
+    assert all(c.saturation_qps is None or c.saturation_qps > 0 for c in res.children)
+
+    study = collect_study(["bench_study", "bench_on_study"])
+    q = default_quality_metric()
+    joined = study.joined.set_index("method")
+    # every load run found the quality run of its own checkpoint (same engine, mode, dtype)
+    assert study.not_joined == []
+    for method in ("none", "soft_token"):
+        qrun = study.quality[(study.quality["method"] == method) & study.quality[q].notna()]
+        assert len(qrun) == 1
+        assert joined.loc[method, q] == pytest.approx(float(qrun[q].iloc[0]))
+        assert joined.loc[method, "checkpoint"] == qrun[names.TAG_CHECKPOINT].iloc[0]
+    # the load runs replayed the evaluated prompts: same measured lengths (soft token = none + the <|user|> slot)
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    lengths = {}
+    for c in res.children:
+        lengths[c.method] = client.get_run(c.run_id).data.metrics[names.PROMPT_TOKENS_MEAN]
+    evald = study.quality.set_index("method")[names.PROMPT_TOKENS_MEAN]
+    assert lengths["none"] == pytest.approx(float(evald["none"]))
+    assert lengths["soft_token"] == pytest.approx(lengths["none"] + 1)
+
+
+def test_test_split_needs_a_study_and_a_trained_method(trained_study):
+    from workbench.bench import run_bench
+    from workbench.config import ConfigError, parse_config
+    from workbench.study import StudyError
+
+    base = {"name": "x", "dataset": {"name": "ml-100k"},
+            "load": {"workload": "personalization", "prompts_from": "test_split", "checkpoints": ["trained:none"]}}
+    with pytest.raises(ConfigError, match="needs load.study"):
+        parse_config(base)
+    with pytest.raises(ConfigError, match="unknown method"):
+        parse_config({**base, "load": {**base["load"], "study": str(trained_study), "checkpoints": ["trained:bogus"]}})
+    cfg = parse_config({**base, "load": {**base["load"], "study": str(trained_study),
+                                         "checkpoints": ["trained:user_sid"]}})
+    with pytest.raises(StudyError, match="not trained"):
+        run_bench(cfg, progress=False)
