@@ -468,8 +468,10 @@ def format_table(table, cfg) -> str:
     s = summary_table(table)
     r10, n10 = names.recall_at(10), names.ndcg_at(10)
     multi = any(c.endswith("_std") for c in s.columns)
+    ex10 = r10.replace("quality/", "exhaustive/")
+    exh = ex10 in s.columns and s[ex10].notna().any()  # evaluation.exhaustive: every item scored (no search error)
     lines = []
-    hdr = f"{'method':27s} {'R@10':>14s} {'N@10':>14s} {'dR@10 vs none [95% CI]':>27s} {'dR@10 vs pop [95% CI]':>27s} {'R@30':>7s} {'MRR':>7s} {'valid':>6s} {'cov':>6s} {'tokens':>7s} {'ms/req':>7s} {'rerank N@10':>11s}"
+    hdr = f"{'method':27s} {'R@10':>14s} {'N@10':>14s} {'dR@10 vs none [95% CI]':>27s} {'dR@10 vs pop [95% CI]':>27s} {'R@30':>7s} {'MRR':>7s} {'valid':>6s} {'cov':>6s} {'tokens':>7s} {'ms/req':>7s} {'rerank N@10':>11s}" + (f" {'exhaustive R@10':>15s}" if exh else "")
     lines.append(hdr)
     lines.append("-" * len(hdr))
     for _, r in s.iterrows():
@@ -493,6 +495,7 @@ def format_table(table, cfg) -> str:
             f"{label:27s} {v(r10):>14s} {v(n10):>14s} {ci('none'):>27s} {ci('popularity'):>27s} {v(names.recall_at(30)):>7s} {v(names.MRR):>7s} "
             f"{v(names.SID_VALIDITY, '{:.3f}'):>6s} {v(names.COVERAGE, '{:.3f}'):>6s} {v(names.PROMPT_TOKENS_MEAN, '{:.0f}'):>7s} "
             f"{v('latency/request_mean_ms', '{:.1f}'):>7s} {v(n10.replace('quality/', 'rerank/')):>11s}"
+            + (f" {v(ex10):>15s}" if exh else "")
         )
     n_users = int(table["test_users"].iloc[0])
     notes = [f"{cfg.name}: {cfg.dataset.name}, backbone {cfg.model.backbone}, {n_users} test users, beam {cfg.evaluation.beam_width}, "
