@@ -164,3 +164,6 @@ def test_smollm2_conversion_keeps_the_language_model(data_dir):
     with torch.no_grad():
         out = model.generate(**x, max_new_tokens=3, do_sample=False)
     assert "Paris" in tok.decode(out[0, x["input_ids"].shape[1]:])
+    # plain float32 weights: a model loaded from the directory saves like any other (checkpoints need it)
+    assert "quantization_config" not in (path / "config.json").read_text()
+    model.save_pretrained(data_dir / "resaved")

