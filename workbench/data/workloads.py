@@ -13,6 +13,9 @@ Scoring candidates are real item SIDs from the checkpoint's catalog when their l
 SID depth (otherwise random SID-block tokens of the requested length).
 
 Only `workbench.json` and `catalog.npz` are read (numpy, no torch), so building a workload is cheap.
+
+`TestSplitWorkload` replays a trained checkpoint's real test prompts instead (`load.prompts_from:
+test_split`; the prompts come from the study that trained it, see `bench.StudySource`).
 """
 
 from __future__ import annotations
@@ -130,8 +133,11 @@ class TestSplitWorkload(SyntheticWorkload):
     load run and its quality run measure the same requests. Scoring candidates are catalog items.
     """
 
+    __test__ = False  # not a pytest class despite the name
+
     def __init__(self, shape: WorkloadShape, layout: SidLayout, prompts, item_token_ids: np.ndarray | None):
-        super().__init__(shape, layout, item_token_ids, prompts.user_vectors.shape[1] if prompts.user_vectors is not None else None)
+        dim = prompts.user_vectors.shape[1] if prompts.user_vectors is not None else None
+        super().__init__(shape, layout, item_token_ids, dim)
         if len(prompts) == 0:
             raise ValueError("the study has no test prompts for this checkpoint")
         self.prompts = prompts  # personalization.PromptSet
