@@ -139,3 +139,14 @@ def test_cli_run_data_stage(data_dir, mlflow_store, tmp_path, capsys):
     assert "[1/1] data" in out and "parent run id:" in out
     runs = _runs("tiny_cli")
     assert {r.data.tags.get(names.TAG_EXPERIMENT_FILE) for r in runs if "mlflow.parentRunId" not in r.data.tags} == {str(f)}
+
+
+def test_cli_run_methods_override_is_validated(data_dir, mlflow_store, tmp_path, capsys):
+    from workbench.cli import main
+
+    f = tmp_path / "tiny.yaml"
+    f.write_text("name: tiny_cli\ndataset:\n  name: ml-100k\nstages: [data]\n")
+    assert main(["run", str(f), "--methods", "none", "bogus"]) != 0
+    err = capsys.readouterr().err
+    assert "methods.run" in err and "bogus" in err
+    assert main(["run", str(f), "--methods", "soft_token"]) == 0

@@ -29,7 +29,9 @@ def _cmd_run(args) -> int:
     from workbench.config import load_config
     from workbench.pipeline import run_experiment
 
-    cfg = load_config(args.file)
+    # --methods narrows methods.run: trained models are cached per method (the key ignores the list), so two
+    # processes can train disjoint methods side by side and a plain run afterwards reuses both
+    cfg = load_config(args.file, overrides={"methods": {"run": args.methods}} if args.methods else None)
     run_experiment(cfg, experiment_file=args.file, stages=args.stages)
     return 0
 
@@ -97,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("run", help="run an experiment's stages (data, embeddings, SIDs, train, evaluate)")
     s.add_argument("file")
     s.add_argument("--stages", nargs="*", default=None, help="run only these stages (default: the config's)")
+    s.add_argument("--methods", nargs="+", default=None,
+                   help="run only these methods (overrides methods.run; e.g. to train methods in parallel processes)")
     s.set_defaults(func=_cmd_run)
 
     s = sub.add_parser("serve", help="serve a checkpoint with an in-process engine over HTTP")
