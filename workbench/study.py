@@ -265,7 +265,7 @@ def _eval_key(cfg, train_ckpt: Path, users: np.ndarray, rerank_cands) -> str:
                         cfg.methods.long_m, users.tolist(), cands, EVAL_ENGINE, EVAL_MODE, EVAL_DTYPE)
 
 
-def test_prompt_set(cfg, inp: StudyInputs, method: str, checkpoint: Path, users: np.ndarray):
+def method_test_prompts(cfg, inp: StudyInputs, method: str, checkpoint: Path, users: np.ndarray):
     """The test prompts of `method` for `users`, tokenized with the checkpoint's own tokenizer and layout
     (what evaluation sends, and what a `prompts_from: test_split` load test replays)."""
     from transformers import AutoTokenizer
@@ -316,7 +316,7 @@ def study_test_prompts(cfg, checkpoint: Path, inp: StudyInputs | None = None):
     if meta.sid_version != inp.sid_version:
         raise StudyError(f"{checkpoint} was trained on other Semantic IDs (sid_version {meta.sid_version}) than the "
                          f"study {cfg.name} builds ({inp.sid_version}); point load.study at the YAML that trained it")
-    return test_prompt_set(cfg, inp, meta.method, Path(checkpoint), test_users(cfg, inp))
+    return method_test_prompts(cfg, inp, meta.method, Path(checkpoint), test_users(cfg, inp))
 
 
 def evaluate_method(cfg, inp: StudyInputs, method: str, res, users: np.ndarray, rerank_cands, progress=True) -> dict:
@@ -332,7 +332,7 @@ def evaluate_method(cfg, inp: StudyInputs, method: str, res, users: np.ndarray, 
                 "per_user": {k: z[k] for k in z.files if k.startswith("quality/")},
                 "rerank_per_user": {k[7:]: z[k] for k in z.files if k.startswith("rerank:")},
                 "lists": z["lists"]}
-    ps = test_prompt_set(cfg, inp, method, res.checkpoint, users)
+    ps = method_test_prompts(cfg, inp, method, res.checkpoint, users)
     ev = cfg.evaluation
     settings = EvalSettings(ks=tuple(ev.ks), beam_width=ev.beam_width, validity_users=ev.validity_users,
                             latency_requests=ev.latency_requests, exhaustive=ev.exhaustive, progress=progress)
