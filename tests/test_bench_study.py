@@ -1,6 +1,6 @@
 """Load tests on a study's own trained checkpoints with its real test prompts, joined with its quality.
 
-A tiny study (ML-100K, collaborative SIDs, a 1-layer model, `none` + `soft_token`, one short epoch)
+The tiny study of `workbench.testing.TINY_STUDY_OVERRIDES` (also notebook 02's test)
 is trained and evaluated through the real pipeline into a temporary MLflow store; then
 `workbench bench` replays each checkpoint's test prompts (`load.prompts_from: test_split`,
 `trained:<method>` checkpoints) on the torch engine, constrained like evaluation, and the report's
@@ -18,21 +18,15 @@ from workbench import names
 
 pytestmark = pytest.mark.timeout(900)
 
-STUDY = {
-    "name": "bench_study",
-    "dataset": {"name": "ml-100k"},
-    "split": {"max_history": 50},
-    "embeddings": {"als_factors": 16, "als_iterations": 3},
-    "semantic_ids": {"item_vectors": "collab", "levels": 2, "codebook_size": 16},
-    "user_sids": {"levels": 1, "codebook_size": 8},
-    "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "head_dim": 16,
-              "intermediate_size": 64, "bpe_vocab_size": 500},
-    "training": {"epochs": 1, "targets_per_user": 1, "valid_users": 30, "batch_size": 64, "num_threads": 1},
-    "methods": {"run": ["none", "soft_token"], "recent_k": 3, "long_m": 5},
-    "evaluation": {"test_users": 30, "bootstrap": 50, "sasrec_epochs": 1, "validity_users": 5,
-                   "latency_requests": 2, "rerank_top": 30},
-    "stages": ["data", "embeddings", "semantic_ids", "train", "evaluate"],
-}  # fmt: skip
+
+def _study_yaml() -> dict:
+    """experiments/quickstart.yaml with the shared tiny-study overrides, as one self-contained YAML."""
+    from workbench.config import deep_merge
+    from workbench.paths import REPO_ROOT
+    from workbench.testing import TINY_STUDY_OVERRIDES
+
+    base = yaml.safe_load((REPO_ROOT / "experiments" / "quickstart.yaml").read_text())
+    return deep_merge(base, {**TINY_STUDY_OVERRIDES, "name": "bench_study", "split": {"max_history": 50}})
 
 
 @pytest.fixture
@@ -46,7 +40,7 @@ def trained_study(tmp_path, data_dir, mlflow_store):
 
     torch.set_num_threads(1)
     path = tmp_path / "bench_study.yaml"
-    path.write_text(yaml.safe_dump(STUDY))
+    path.write_text(yaml.safe_dump(_study_yaml()))
     run_experiment(load_config(path), path)
     return path
 

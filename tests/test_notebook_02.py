@@ -26,17 +26,8 @@ def test_notebook_02_runs_and_records(tmp_path, data_dir, mlflow_store):
     import papermill as pm
 
     out = tmp_path / "record.json"
-    overrides = {
-        "semantic_ids": {"item_vectors": "collab", "also_fit": [], "levels": 2, "codebook_size": 16},
-        "user_sids": {"levels": 1, "codebook_size": 8},
-        "embeddings": {"als_factors": 16, "als_iterations": 3},
-        "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "head_dim": 16,
-                  "intermediate_size": 64, "bpe_vocab_size": 500},
-        "training": {"epochs": 1, "targets_per_user": 1, "valid_users": 30, "batch_size": 64, "num_threads": 1},
-        "methods": {"run": ["none", "soft_token"], "recent_k": 3, "long_m": 5},
-        "evaluation": {"test_users": 30, "bootstrap": 50, "sasrec_epochs": 1, "validity_users": 5,
-                       "latency_requests": 2, "rerank_top": 30},
-    }
+    from workbench.testing import TINY_STUDY_OVERRIDES as overrides
+
     env = dict(os.environ)
     pm.execute_notebook(
         str(NB), str(tmp_path / "out.ipynb"), kernel_name="python3", cwd=str(REPO_ROOT), progress_bar=False,

@@ -122,3 +122,19 @@ def make_random_checkpoint(path, arch: str = "qwen3", n_items: int = 200, levels
 def random_prompt_ids(n_tokens: int, vocab_base: int, rng: np.random.Generator) -> list[int]:
     """Random base-vocabulary token ids (never the specials 0/1)."""
     return rng.integers(2, vocab_base, size=n_tokens).tolist()
+
+
+# The smallest real personalization study (ML-100K, collaborative SIDs, a 1-layer model, `none` + `soft_token`,
+# one short epoch, 30 test users): overrides on top of experiments/quickstart.yaml, shared by the tests that
+# train and evaluate through the real pipeline (notebook 02, load tests on trained checkpoints).
+TINY_STUDY_OVERRIDES: dict = {
+    "semantic_ids": {"item_vectors": "collab", "also_fit": [], "levels": 2, "codebook_size": 16},
+    "user_sids": {"levels": 1, "codebook_size": 8},
+    "embeddings": {"als_factors": 16, "als_iterations": 3},
+    "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "head_dim": 16,
+              "intermediate_size": 64, "bpe_vocab_size": 500},
+    "training": {"epochs": 1, "targets_per_user": 1, "valid_users": 30, "batch_size": 64, "num_threads": 1},
+    "methods": {"run": ["none", "soft_token"], "recent_k": 3, "long_m": 5},
+    "evaluation": {"test_users": 30, "bootstrap": 50, "sasrec_epochs": 1, "validity_users": 5,
+                   "latency_requests": 2, "rerank_top": 30},
+}  # fmt: skip
