@@ -68,6 +68,7 @@ class StudySource:
         self.path = path
         self.cfg = load_config(path)
         self._inputs = None
+        self._prompts: dict[Path, Any] = {}  # per checkpoint: every engine of the sweep replays the same set
 
     @property
     def inputs(self):
@@ -87,15 +88,15 @@ class StudySource:
     def test_prompts(self, checkpoint: Path):
         from workbench.study import study_test_prompts
 
-        return study_test_prompts(self.cfg, checkpoint, self.inputs)
+        if checkpoint not in self._prompts:
+            self._prompts[checkpoint] = study_test_prompts(self.cfg, checkpoint, self.inputs)
+        return self._prompts[checkpoint]
 
 
 def resolve_checkpoint(spec: str, load: LoadConfig, study: StudySource | None = None) -> Path:
     """A checkpoint directory for `spec`: a path, `trained:<method>` (from `load.study`'s train cache), or
     `random:<size>` built once and cached under data/."""
-    if spec.startswith("trained:"):
-        if study is None:
-            raise ConfigError(f"load.checkpoints {spec} needs load.study (the experiment YAML that trained it)")
+    if spec.startswith("trained:"):  # LoadConfig guarantees load.study is set
         return study.checkpoint(spec.split(":", 1)[1])
     if not spec.startswith("random:"):
         p = Path(spec).expanduser()
@@ -290,10 +291,7 @@ def make_workload(load: LoadConfig, checkpoint: Path, study: StudySource | None 
     shape = WorkloadShape(kind=kind, prompt_tokens=load.prompt_tokens, beam_width=load.beam_width,
                           max_new_tokens=load.max_new_tokens, constrained=load.constrained, candidates=load.candidates,
                           candidate_tokens=load.candidate_tokens, seed=load.seed)  # fmt: skip
-    if load.prompts_from == "test_split":
-        if study is None:
-            raise ConfigError("load.prompts_from: test_split needs load.study (the experiment YAML that trained "
-                              "the checkpoints)")  # fmt: skip
+    if load.prompts_from == "test_split":  # LoadConfig guarantees load.study is set
         try:
             return TestSplitWorkload.from_prompt_set(shape, checkpoint, study.test_prompts(checkpoint))
         except ValueError as e:
