@@ -66,7 +66,7 @@ def _cmd_bench(args) -> int:
 def _cmd_report(args) -> int:
     from workbench.report import write_report
 
-    out = write_report(args.experiment if len(args.experiment) > 1 else args.experiment[0], Path(args.output))
+    out = write_report(args.experiment, Path(args.output))
     print(f"report written to {out}")
     return 0
 
@@ -120,8 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_cmd_bench)
 
     s = sub.add_parser("report", help="write a standalone HTML report of MLflow experiment(s)")
-    s.add_argument("--experiment", required=True, action="append",
-                   help="repeat to read several together, e.g. a load sweep and the study whose quality it joins")
+    s.add_argument("--experiment", required=True,
+                   help="a name, or several comma-separated (a load sweep and the study whose quality it joins)")
     s.add_argument("-o", "--output", required=True)
     s.set_defaults(func=_cmd_report)
 
