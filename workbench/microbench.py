@@ -17,6 +17,7 @@ Prints a table and, last, one JSON line with every number. Example:
 
     workbench microbench --model tiny --quick
     workbench microbench --model small            # ~25M-parameter Qwen3
+    workbench microbench --model small --floor --threads 1   # one request vs the compute floor, by phase
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ def parse_args(argv):
     p.add_argument("--hf-candidates", type=int, default=None, help="candidates scored by hf fan-out (default 500, quick 50)")
     p.add_argument("--max-batch-tokens", type=int, default=16384)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--floor", action="store_true",
+                   help="instead: one unloaded beam request vs the compute floor, by phase (workbench/floorbench.py)")
     return p.parse_args(argv)
 
 
@@ -141,6 +144,13 @@ def main(argv=None) -> int:
     repeats = 1 if args.quick else 2
     tdtype = getattr(torch, args.dtype)
     rng = np.random.default_rng(0)
+    if args.floor:
+        from workbench.floorbench import run_floor
+
+        with tempfile.TemporaryDirectory() as tmp:
+            ck = Path(args.checkpoint) if args.checkpoint else build_checkpoint(args, Path(tmp))
+            peak = max(matmul_gflops(tdtype, args.device) for _ in range(3))
+            return run_floor(args, ck, peak)
     with tempfile.TemporaryDirectory() as tmp:
         ck = Path(args.checkpoint) if args.checkpoint else build_checkpoint(args, Path(tmp))
         te = create_engine("torch", ck, dtype=args.dtype, device=args.device, max_batch_tokens=args.max_batch_tokens,

@@ -1,0 +1,190 @@
+"""`workbench microbench --floor`: how far one unloaded beam request is from this machine's compute floor, and why.
+
+Issue 6 asks the torch engine's low-load time per request to be within 1.3x of the *compute floor*:
+the request's FLOPs over this machine's matmul rate (a square 1024^3 GEMM, the best case for BLAS).
+That floor assumes every FLOP runs at the square-GEMM rate. The kernels a beam request actually needs
+do not: a decode step is a GEMM of only `beam` rows, and causal attention over a 512-token prompt is a
+chain of thin matmuls plus a softmax. So this benchmark measures, in one process and side by side:
+
+1. the matmul floor (FLOPs / square-GEMM rate), per phase;
+2. the *kernel floor*: the same phases timed as the bare torch kernels the engine calls (every layer's
+   GEMMs at the engine's weight shapes and row counts, causal SDPA, decode attention), nothing else;
+3. the engine: an unloaded request through the real scheduler, its prefill and decode forwards timed.
+
+engine / kernel floor is the engine's own overhead (Python, scheduling, KV bookkeeping, selection);
+kernel floor / matmul floor is what these shapes cost on this BLAS, which no scheduler can remove.
+Prints a table and, last, one JSON line with every number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class Phase:
+    name: str
+    gflop: float
+    matmul_floor_ms: float
+    kernel_ms: float
+
+
+def _best_ms(fn, repeats: int) -> float:
+    for _ in range(2):
+        fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best * 1000
+
+
+def kernel_times(lm, prompt_len: int, beam: int, new_tokens: int, repeats: int = 5) -> dict[str, float]:
+    """Best-of-`repeats` milliseconds of the bare kernels of one beam request, summed over layers and steps."""
+    import torch
+    import torch.nn.functional as F
+
+    lw = lm.layers[0]  # every layer has the same shapes
+    L = len(lm.layers)
+    H, Hkv, D, g = lm.n_heads, lm.n_kv, lm.head_dim, lm.group
+    dt = lm.dtype
+
+    def gemms(m: int) -> float:
+        x = torch.randn(m, lm.hidden, dtype=dt)
+        xo = torch.randn(m, H * D, dtype=dt)
+        xi = torch.randn(m, lw.w_down.shape[1], dtype=dt)
+
+        def run():
+            F.linear(x, lw.wqkv)
+            F.linear(xo, lw.wo)
+            F.linear(x, lw.w_gate_up)
+            F.linear(xi, lw.w_down)
+
+        return _best_ms(run, repeats) * L
+
+    q = torch.randn(1, H, prompt_len, D, dtype=dt)
+    k = torch.randn(1, Hkv, prompt_len, D, dtype=dt)
+    v = torch.randn(1, Hkv, prompt_len, D, dtype=dt)
+    sdpa = _best_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=lm.scale,
+                                                          enable_gqa=g > 1), repeats) * L
+    dec_attn = 0.0
+    for t in range(1, new_tokens):  # decode steps: beam x g query rows per KV head over prompt + own tokens
+        qd = torch.randn(Hkv, beam * g, D, dtype=dt)
+        kd = torch.randn(Hkv, D, prompt_len + t, dtype=dt)
+        vd = torch.randn(Hkv, prompt_len + t, D, dtype=dt)
+        dec_attn += _best_ms(lambda: torch.bmm(torch.softmax(torch.bmm(qd, kd) * lm.scale, -1), vd), repeats) * L
+    h1 = torch.randn(max(1, 4), lm.hidden, dtype=dt)  # the engine pads a 1-row GEMM to 4 rows
+    hb = torch.randn(beam, lm.hidden, dtype=dt)
+    head = _best_ms(lambda: F.linear(h1, lm.lm_head), repeats) + (new_tokens - 1) * _best_ms(
+        lambda: F.linear(hb, lm.lm_head), repeats)
+    return {
+        "prefill_gemm": gemms(prompt_len),
+        "prefill_attention": sdpa,
+        "decode_gemm": (new_tokens - 1) * gemms(beam),
+        "decode_attention": dec_attn,
+        "lm_head": head,
+    }
+
+
+def flops(lm, prompt_len: int, beam: int, new_tokens: int) -> dict[str, float]:
+    """FLOPs of one beam request by phase (causal prefill attention counted at half the square)."""
+    w = lm.flops_per_token(0)
+    attn_tok = lm.flops_per_token(1) - w  # attention FLOPs per token per key
+    steps = new_tokens - 1
+    return {
+        "prefill_gemm": w * prompt_len,
+        "prefill_attention": attn_tok * prompt_len * prompt_len / 2,
+        "decode_gemm": w * beam * steps,
+        "decode_attention": sum(attn_tok * beam * (prompt_len + t) for t in range(1, new_tokens)),
+        "lm_head": 2.0 * lm.lm_head.numel() * (1 + beam * steps),
+    }
+
+
+def engine_times(engine, prompt_len: int, beam: int, new_tokens: int, requests: int, seed: int = 0):
+    """Unloaded requests one at a time: per request (total ms, prefill forward ms, decode forwards ms)."""
+    import numpy as np
+
+    from workbench.engines.base import BeamSearchRequest, Prompt
+
+    lm = engine.lm
+    calls: list[float] = []
+    orig = lm.forward
+
+    def timed_forward(x, segments, positions=None):
+        t0 = time.perf_counter()
+        out = orig(x, segments, positions)
+        calls.append((time.perf_counter() - t0) * 1000)
+        return out
+
+    lm.forward = timed_forward
+    rng = np.random.default_rng(seed)
+    vocab = min(1000, lm.vocab_size)  # plain text tokens (the special SID/placeholder ids sit above them)
+    rows = []
+    try:
+        for i in range(requests + 1):  # the first is a warm-up
+            ids = rng.integers(2, vocab, size=prompt_len).tolist()
+            req = BeamSearchRequest(Prompt.of(ids), beam_width=beam, max_new_tokens=new_tokens, constrained=False)
+            calls.clear()
+            t0 = time.perf_counter()
+            res = asyncio.run(engine.beam_search([req]))[0]
+            total = (time.perf_counter() - t0) * 1000
+            if not res.success:
+                raise RuntimeError(f"beam request failed: {res.error}")
+            if i:
+                rows.append((total, calls[0], sum(calls[1:])))
+    finally:
+        lm.forward = orig
+    return rows
+
+
+def run_floor(args, checkpoint, peak_gflops: float) -> int:
+    """Print the floor table for `checkpoint` (args: prompt_len, beam, new_tokens, dtype, device, quick)."""
+    from workbench.engines.registry import create_engine
+
+    P, B, T = args.prompt_len, args.beam, args.new_tokens
+    engine = create_engine("torch", checkpoint, dtype=args.dtype, device=args.device)
+    try:
+        lm = engine.lm
+        n = 4 if args.quick else 10
+        rows = engine_times(engine, P, B, T, n)
+        kern = kernel_times(lm, P, B, T, repeats=3 if args.quick else 7)
+    finally:
+        engine.shutdown()
+    fl = flops(lm, P, B, T)
+    total, pre, dec = sorted(rows)[len(rows) // 2]  # the median request (upper median), with its own parts
+    phases = [Phase(name, fl[name] / 1e9, fl[name] / peak_gflops / 1e6, kern[name]) for name in fl]
+    floor = sum(p.matmul_floor_ms for p in phases)
+    kfloor = sum(p.kernel_ms for p in phases)
+    kpre = kern["prefill_gemm"] + kern["prefill_attention"] + kern["lm_head"] / T
+    kdec = kfloor - kpre
+    out = {
+        "params_m": round(lm.n_params() / 1e6, 2), "prompt": P, "beam": B, "new_tokens": T, "dtype": args.dtype,
+        "matmul_gflops": peak_gflops, "gflop": sum(fl.values()) / 1e9,
+        "matmul_floor_ms": floor, "kernel_floor_ms": kfloor,
+        "engine_ms": total, "engine_prefill_forward_ms": pre, "engine_decode_forwards_ms": dec,
+        "engine_other_ms": total - pre - dec, "requests": len(rows),
+        "engine_over_matmul_floor": total / floor, "kernel_floor_over_matmul_floor": kfloor / floor,
+        "engine_over_kernel_floor": total / kfloor,
+        "phases": [asdict(p) for p in phases],
+    }
+    print(f"\ncompute floor of one beam request: {out['params_m']}M params, prompt {P}, beam {B}, {T} new tokens, "
+          f"unconstrained, {args.dtype}; matmul rate {peak_gflops:.1f} GFLOP/s (1024^3)")
+    print(f"{'phase':<18} {'GFLOP':>7} {'matmul floor ms':>16} {'kernels alone ms':>17} {'kernel GFLOP/s':>15}")
+    for p in phases:
+        print(f"{p.name:<18} {p.gflop:>7.2f} {p.matmul_floor_ms:>16.0f} {p.kernel_ms:>17.0f} "
+              f"{p.gflop / p.kernel_ms * 1000:>15.1f}")
+    print(f"{'total':<18} {out['gflop']:>7.2f} {floor:>16.0f} {kfloor:>17.0f}")
+    print(f"engine (median of {len(rows)} unloaded requests, in-process): {total:.0f} ms = prefill forward {pre:.0f} "
+          f"(kernels {kpre:.0f}) + decode forwards {dec:.0f} (kernels {kdec:.0f}) + selection/scheduling "
+          f"{total - pre - dec:.0f}")
+    print(f"engine / matmul floor = {out['engine_over_matmul_floor']:.2f}x  "
+          f"(kernel floor / matmul floor = {out['kernel_floor_over_matmul_floor']:.2f}x, "
+          f"engine / kernel floor = {out['engine_over_kernel_floor']:.2f}x)")
+    print(json.dumps(out))
+    sys.stdout.flush()
+    return 0
