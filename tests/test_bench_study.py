@@ -10,6 +10,7 @@ join gives each load run its quality: the points of the quality-vs-cost Pareto p
 from __future__ import annotations
 
 import importlib.util
+import math
 
 import pytest
 import yaml
@@ -48,19 +49,27 @@ def trained_study(tmp_path, data_dir, mlflow_store):
 def test_test_split_load_on_trained_checkpoints_joins_quality(trained_study, tmp_path):
     from workbench.bench import run_bench
     from workbench.config import parse_config
+    from workbench.cost import relative_cost
     from workbench.report import collect_study, default_quality_metric
 
     cfg = parse_config({
         "name": "bench_on_study", "dataset": {"name": "ml-100k"}, "engines": [{"name": "torch"}],
         "load": {"workload": "personalization", "study": str(trained_study), "prompts_from": "test_split",
-                 "checkpoints": ["trained:none", "trained:soft_token"], "beam_width": 30, "max_new_tokens": 3,
+                 "checkpoints": ["trained:soft_token", "trained:none"], "beam_width": 30, "max_new_tokens": 3,
                  "constrained": True, "rates": [4.0], "requests_per_rate": 12, "warmup_requests": 2,
                  "unloaded_requests": 3, "time_cap_s": 60},
-        "cost": {"usd_per_hour": 3.6, "reference_engine": "torch"},
+        "cost": {"usd_per_hour": 3.6, "reference_engine": "torch", "reference_method": "none"},
     })  # fmt: skip
     res = run_bench(cfg, progress=False)
     assert [c.error for c in res.children] == [None, None]
+    # the reference method's checkpoint is measured first whatever the listed order
     assert [c.method for c in res.children] == ["none", "soft_token"]
+    none, soft = res.children
+    if math.isfinite(none.usd_per_1m):
+        assert none.relative_cost_method == 0.0
+        assert soft.relative_cost_method == pytest.approx(relative_cost(soft.usd_per_1m, none.usd_per_1m), nan_ok=True)
+    else:  # `none` never met the SLO: no finite reference cost
+        assert math.isnan(soft.relative_cost_method)
     assert all(c.workload == "beam_search/test_split/b30/n3/c" and c.mode == "constrained" for c in res.children)
     assert all(c.saturation_qps is None or c.saturation_qps > 0 for c in res.children)
 
@@ -80,7 +89,10 @@ def test_test_split_load_on_trained_checkpoints_joins_quality(trained_study, tmp
     client = MlflowClient()
     lengths = {}
     for c in res.children:
-        lengths[c.method] = client.get_run(c.run_id).data.metrics[names.PROMPT_TOKENS_MEAN]
+        logged = client.get_run(c.run_id).data.metrics
+        lengths[c.method] = logged[names.PROMPT_TOKENS_MEAN]
+        assert logged[names.COST_RELATIVE_METHOD] == pytest.approx(c.relative_cost_method, nan_ok=True)
+    assert joined.loc["soft_token", "relative_cost_method"] == pytest.approx(soft.relative_cost_method, nan_ok=True)
     evald = study.quality.set_index("method")[names.PROMPT_TOKENS_MEAN]
     assert lengths["none"] == pytest.approx(float(evald["none"]))
     assert lengths["soft_token"] == pytest.approx(lengths["none"] + 1)

@@ -43,6 +43,9 @@ def test_unknown_method_and_engine():
     with pytest.raises(ConfigError) as e:
         parse_config({**MINIMAL, "engines": [{"name": "tgi"}]})
     assert "engines.0.name" in str(e.value) and "trtllm" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        parse_config({**MINIMAL, "cost": {"reference_method": "None"}})
+    assert "cost.reference_method" in str(e.value) and "soft_token" in str(e.value)
 
 
 def test_wrong_type_and_range():

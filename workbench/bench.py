@@ -15,7 +15,9 @@ like with like. Each child:
 The SLO is the config's `load.slo_ms`, or `load.slo_multiple` (5) x the unloaded p50 of the
 reference engine (`cost.reference_engine`, measured first; the first engine if it is not in the
 sweep) on the first checkpoint; the whole sweep uses one SLO, stated in every run. The relative
-cost of each engine is against the reference engine on the same checkpoint.
+cost of each engine is against the reference engine on the same checkpoint; with `cost.reference_method`
+(personalization sweeps) each checkpoint's cost is also compared with that method's checkpoint on the
+same engine, which is then measured first.
 
 A child that fails (engine not installed, server did not start) is logged as a FAILED run with its
 reason and the sweep goes on; the last line printed is one JSON document with the results.
@@ -148,6 +150,7 @@ class ChildResult:
     saturation_qps: float | None = None
     usd_per_1m: float = float("inf")
     relative_cost: float = float("nan")
+    relative_cost_method: float = float("nan")  # vs cost.reference_method's checkpoint, same engine
     client_cpu_share_max: float = float("nan")
     error: str | None = None
 
@@ -365,7 +368,7 @@ async def _run_engine(entry: EngineEntry, checkpoint: Path, workload, settings, 
 
 def _child(parent, cfg: ExperimentConfig, entry: EngineEntry, checkpoint: Path, slo: _SLO, settings: SweepSettings,
            reference_cost: dict[str, float], log_dir: Path, engine_factory=None,
-           study: StudySource | None = None) -> ChildResult:
+           study: StudySource | None = None, method_cost: dict[str, float] | None = None) -> ChildResult:
     from workbench.checkpoint import read_meta
     from workbench.plots import latency_vs_qps
     from workbench.tracking import start_run
@@ -401,10 +404,16 @@ def _child(parent, cfg: ExperimentConfig, entry: EngineEntry, checkpoint: Path, 
                 reference_cost[str(checkpoint)] = child.usd_per_1m
             ref = reference_cost.get(str(checkpoint))
             child.relative_cost = float("nan") if ref is None else relative_cost(child.usd_per_1m, ref)
+            if method_cost is not None and cfg.cost.reference_method is not None:
+                if meta.method == cfg.cost.reference_method and series not in method_cost:
+                    method_cost[series] = child.usd_per_1m
+                mref = method_cost.get(series)
+                child.relative_cost_method = float("nan") if mref is None else relative_cost(child.usd_per_1m, mref)
             child.client_cpu_share_max = max((p.client_cpu_share for p in child.points), default=float("nan"))
             h.log_metrics({
                 names.SATURATION_QPS: child.saturation_qps if child.saturation_qps is not None else 0.0,
                 names.COST_PER_1M: child.usd_per_1m, names.COST_RELATIVE: child.relative_cost,
+                names.COST_RELATIVE_METHOD: child.relative_cost_method,
                 "load/client_cpu_share_max": child.client_cpu_share_max,
                 "load/client_loop_cpu_share_max": max((p.loop_cpu_share for p in child.points), default=float("nan")),
             })  # fmt: skip
@@ -424,6 +433,20 @@ def _ordered_engines(cfg: ExperimentConfig) -> list[EngineEntry]:
     return sorted(cfg.engines, key=lambda e: e.name != ref)
 
 
+def _ordered_checkpoints(cfg: ExperimentConfig, checkpoints: list[Path]) -> list[Path]:
+    """The `cost.reference_method` checkpoint first, so its cost is known when the others are measured."""
+    ref = cfg.cost.reference_method
+    if ref is None:
+        return checkpoints
+    from workbench.checkpoint import read_meta
+
+    methods = [read_meta(c).method for c in checkpoints]
+    if ref not in methods:
+        print(f"[bench] cost.reference_method {ref!r}: no checkpoint of this sweep is that method ({methods}); "
+              "relative costs by method will be empty", file=sys.stderr)  # fmt: skip
+    return [c for _, c in sorted(zip(methods, checkpoints), key=lambda mc: mc[0] != ref)]
+
+
 def run_bench(cfg: ExperimentConfig, experiment_file: str | Path | None = None, *, engine_factory=None,
               progress: bool | None = None) -> BenchResult:
     """Run the sweep of `cfg.load` for every checkpoint x engine; log it all; return the results.
@@ -441,12 +464,13 @@ def run_bench(cfg: ExperimentConfig, experiment_file: str | Path | None = None, 
     load = cfg.load
     experiment = cfg.tracking.experiment or (Path(experiment_file).stem if experiment_file else cfg.name)
     study = StudySource(load.study) if load.study else None
-    checkpoints = [resolve_checkpoint(s, load, study) for s in load.checkpoints]
+    checkpoints = _ordered_checkpoints(cfg, [resolve_checkpoint(s, load, study) for s in load.checkpoints])
     settings = sweep_settings(load)
     if progress is not None:
         settings.progress = progress
     slo = _SLO(load)
     reference_cost: dict[str, float] = {}
+    method_cost: dict[str, float] = {}  # per engine series: the reference method's $ per 1M
     children: list[ChildResult] = []
     log_dir = Path(tempfile.mkdtemp(prefix="workbench-bench-"))
     ptags = {names.TAG_STAGE: PARENT_STAGE, names.TAG_WORKLOAD: load.workload, names.TAG_DATASET: cfg.dataset.name}
@@ -455,7 +479,7 @@ def run_bench(cfg: ExperimentConfig, experiment_file: str | Path | None = None, 
         for ckpt in checkpoints:
             for entry in _ordered_engines(cfg):
                 children.append(_child(parent, cfg, entry, ckpt, slo, settings, reference_cost, log_dir,
-                                       engine_factory, study))
+                                       engine_factory, study, method_cost))
         result = BenchResult(experiment, parent.run_id, slo.ms if slo.ms is not None else float("nan"), slo.source,
                              children)  # fmt: skip
         parent.set_tags({"workbench.slo_source": slo.source})
@@ -486,5 +510,7 @@ def _print_summary(result: BenchResult, cfg: ExperimentConfig) -> None:
             continue
         sat = "none inside SLO" if c.saturation_qps is None else f"{c.saturation_qps:.3f} req/s"
         rel = "" if not math.isfinite(c.relative_cost) else f" ({c.relative_cost:+.0%} vs {cfg.cost.reference_engine})"
+        if math.isfinite(c.relative_cost_method):
+            rel += f" ({c.relative_cost_method:+.0%} vs {cfg.cost.reference_method})"
         print(f"  {c.series:12s} {c.method:12s} unloaded p50 {c.unloaded_p50_ms:8.1f} ms  saturation {sat:>16s}  "
               f"${c.usd_per_1m:.4g} per 1M{rel}", file=sys.stderr)  # fmt: skip

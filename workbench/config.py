@@ -208,6 +208,9 @@ class CostConfig(Section):
     hardware: str = "cpu-2core"
     usd_per_hour: float = Field(0.10, gt=0)  # user-editable; logged with the run
     reference_engine: EngineName = "vllm"
+    # personalization sweeps: each checkpoint's cost against the `reference_method` checkpoint's on the same
+    # engine (e.g. `none`: what telling the model who the user is costs); measured first, like the engine
+    reference_method: MethodName | None = None
 
 
 class TrackingConfig(Section):

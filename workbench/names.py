@@ -73,6 +73,7 @@ SATURATION_QPS = "load/saturation_qps"
 CLIENT_CPU = "load/client_cpu_share"
 COST_PER_1M = "cost/usd_per_1m_requests"
 COST_RELATIVE = "cost/relative_to_reference"
+COST_RELATIVE_METHOD = "cost/relative_to_reference_method"  # same engine, the reference method's checkpoint
 
 # ---- run tags ---------------------------------------------------------------------------------
 TAG_STAGE = "workbench.stage"

@@ -160,6 +160,7 @@ def _summary_row(r) -> dict:
         "unloaded_p50_ms": m.get("latency/unloaded_p50_ms", math.nan), "slo_ms": m.get("load/slo_ms", math.nan),
         "saturation_qps": sat if sat else math.nan,
         "usd_per_1m": m.get(names.COST_PER_1M, math.inf), "relative_cost": m.get(names.COST_RELATIVE, math.nan),
+        "relative_cost_method": m.get(names.COST_RELATIVE_METHOD, math.nan),
         "client_cpu_share_max": m.get("load/client_cpu_share_max", math.nan),
         "error": t.get("workbench.error", ""),
         "tags": {k: t.get(k) for k in COMPARE_TAGS},
@@ -264,7 +265,8 @@ font-size:12px;max-height:30em}h2{border-bottom:1px solid #ddd;padding-bottom:4p
 """
 
 _SUMMARY_COLS = ["series", "method", "workload", "mode", "dtype", "transport", "unloaded_p50_ms", "slo_ms",
-                 "saturation_qps", "usd_per_1m", "relative_cost", "client_cpu_share_max", "status"]  # fmt: skip
+                 "saturation_qps", "usd_per_1m", "relative_cost", "relative_cost_method", "client_cpu_share_max",
+                 "status"]  # fmt: skip
 
 
 def _table(df, cols=None, floatfmt="{:.4g}") -> str:
