@@ -106,3 +106,23 @@ def test_study_join_and_refusal(study):
 def test_unknown_experiment_says_which_exist(study):
     with pytest.raises(ValueError, match="report_test"):
         report.collect_study("no_such_experiment")
+
+
+def test_latest_reads_only_the_most_recent_sweep(study):
+    _, ckpt, _ = study
+    cfg = parse_config({
+        "name": "latest", "dataset": {"name": "ml-100k"}, "tracking": {"experiment": "report_latest"},
+        "engines": [{"name": "torch"}],
+        "load": {"workload": "beam_search", "checkpoints": [str(ckpt)], "prompt_tokens": 16, "beam_width": 4,
+                 "max_new_tokens": 3, "rates": [3.0], "requests_per_rate": 6, "warmup_requests": 1,
+                 "unloaded_requests": 2, "slo_ms": 20000},
+        "cost": {"usd_per_hour": 1.0, "reference_engine": "torch"},
+    })  # fmt: skip
+    first, second = run_bench(cfg, progress=False), run_bench(cfg, progress=False)
+    every = report.collect_study("report_latest")
+    assert sorted(every.summary["run_id"]) == sorted([first.children[0].run_id, second.children[0].run_id])
+    assert len(every.parents) == 2
+    latest = report.collect_study("report_latest", latest=True)
+    assert list(latest.summary["run_id"]) == [second.children[0].run_id]
+    assert [p["run_id"] for p in latest.parents] == [second.parent_run_id]
+    assert set(latest.points["run_id"]) == {second.children[0].run_id}

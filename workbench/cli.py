@@ -66,7 +66,7 @@ def _cmd_bench(args) -> int:
 def _cmd_report(args) -> int:
     from workbench.report import write_report
 
-    out = write_report(args.experiment, Path(args.output))
+    out = write_report(args.experiment, Path(args.output), latest=args.latest)
     print(f"report written to {out}")
     return 0
 
@@ -123,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--experiment", required=True,
                    help="a name, or several comma-separated (a load sweep and the study whose quality it joins)")
     s.add_argument("-o", "--output", required=True)
+    s.add_argument("--latest", action="store_true",
+                   help="only the most recent load sweep of each experiment (a re-run sweep otherwise shows twice)")
     s.set_defaults(func=_cmd_report)
 
     s = sub.add_parser("engines", help="engine capability matrix, launch or validate an engine server")

@@ -97,11 +97,24 @@ def _metric_history_points(client, run) -> list[dict]:
     return [rows[s] for s in sorted(rows)]
 
 
-def collect_study(experiment: str | Sequence[str], quality_metric: str | None = None) -> Study:
+def _latest_sweeps(runs) -> set[str]:
+    """Run ids of the most recent load sweep (parent run) of each experiment among `runs`."""
+    latest: dict[str, Any] = {}
+    for r in runs:
+        if r.data.tags.get(names.TAG_STAGE) == "load_sweep":
+            cur = latest.get(r.info.experiment_id)
+            if cur is None or r.info.start_time > cur.info.start_time:
+                latest[r.info.experiment_id] = r
+    return {r.info.run_id for r in latest.values()}
+
+
+def collect_study(experiment: str | Sequence[str], quality_metric: str | None = None, latest: bool = False) -> Study:
     """Read every run of MLflow experiment(s) `experiment` into a Study (load summary, points, quality, join).
 
     Several experiments can be read together, e.g. a load sweep and the quality study whose
-    evaluation runs give the Pareto plots their quality axis.
+    evaluation runs give the Pareto plots their quality axis. With `latest`, only the most recent
+    sweep of each experiment is read (re-running a sweep otherwise puts both runs of every series
+    in the figures); quality runs are all kept.
     """
     quality_metric = quality_metric or default_quality_metric()
     import pandas as pd
@@ -116,10 +129,15 @@ def collect_study(experiment: str | Sequence[str], quality_metric: str | None = 
             raise ValueError(f"no MLflow experiment {name!r} in {uri}; experiments there: {known}")
         exp_ids.append(exp.experiment_id)
     runs = client.search_runs(exp_ids, max_results=10000)
+    keep = _latest_sweeps(runs) if latest else None
     summary, points, quality, parents = [], [], [], []
     for r in runs:
         t, m = r.data.tags, r.data.metrics
         stage = t.get(names.TAG_STAGE)
+        if keep is not None and stage in (LOAD_STAGE, "load_sweep"):
+            sweep = r.info.run_id if stage == "load_sweep" else t.get("mlflow.parentRunId")
+            if sweep not in keep:
+                continue
         if stage == LOAD_STAGE:
             row = _summary_row(r)
             summary.append(row)
@@ -326,15 +344,17 @@ def render_html(study: Study, quality_metric: str | None = None) -> str:
     return "\n".join(parts)
 
 
-def write_report(experiment_name: str | Sequence[str], out_path: str | Path, quality_metric: str | None = None) -> Path:
+def write_report(experiment_name: str | Sequence[str], out_path: str | Path, quality_metric: str | None = None,
+                 latest: bool = False) -> Path:
     """Write the standalone HTML report of MLflow experiment(s) `experiment_name` to `out_path`.
 
-    A comma-separated name ("beam_search_load,quickstart") reads several experiments together.
+    A comma-separated name ("beam_search_load,quickstart") reads several experiments together;
+    `latest` keeps only the most recent load sweep of each (see `collect_study`).
     """
     quality_metric = quality_metric or default_quality_metric()
     if isinstance(experiment_name, str):
         experiment_name = [n.strip() for n in experiment_name.split(",") if n.strip()]
-    study = collect_study(experiment_name, quality_metric)
+    study = collect_study(experiment_name, quality_metric, latest=latest)
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render_html(study, quality_metric), encoding="utf-8")
