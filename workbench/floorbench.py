@@ -33,13 +33,15 @@ class Phase:
     kernel_ms: float
 
 
-def _best_ms(fn, repeats: int) -> float:
+def _best_ms(fn, repeats: int, sync=None) -> float:
     for _ in range(2):
         fn()
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
+        if sync is not None:  # CUDA kernels run asynchronously
+            sync()
         best = min(best, time.perf_counter() - t0)
     return best * 1000
 
@@ -49,15 +51,21 @@ def kernel_times(lm, prompt_len: int, beam: int, new_tokens: int, repeats: int =
     import torch
     import torch.nn.functional as F
 
+    from workbench.engines.torch_model import MIN_ROWS
+
     lw = lm.layers[0]  # every layer has the same shapes
     L = len(lm.layers)
     H, Hkv, D, g = lm.n_heads, lm.n_kv, lm.head_dim, lm.group
-    dt = lm.dtype
+    sync = torch.cuda.synchronize if lm.device.type == "cuda" else None
+
+    def randn(*shape):
+        return torch.randn(*shape, dtype=lm.dtype, device=lm.device)
+
+    def best(fn) -> float:
+        return _best_ms(fn, repeats, sync)
 
     def gemms(m: int) -> float:
-        x = torch.randn(m, lm.hidden, dtype=dt)
-        xo = torch.randn(m, H * D, dtype=dt)
-        xi = torch.randn(m, lw.w_down.shape[1], dtype=dt)
+        x, xo, xi = randn(m, lm.hidden), randn(m, H * D), randn(m, lw.w_down.shape[1])
 
         def run():
             F.linear(x, lw.wqkv)
@@ -65,29 +73,25 @@ def kernel_times(lm, prompt_len: int, beam: int, new_tokens: int, repeats: int =
             F.linear(x, lw.w_gate_up)
             F.linear(xi, lw.w_down)
 
-        return _best_ms(run, repeats) * L
+        return best(run) * L
 
-    q = torch.randn(1, H, prompt_len, D, dtype=dt)
-    k = torch.randn(1, Hkv, prompt_len, D, dtype=dt)
-    v = torch.randn(1, Hkv, prompt_len, D, dtype=dt)
-    sdpa = _best_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=lm.scale,
-                                                          enable_gqa=g > 1), repeats) * L
+    q, k, v = randn(1, H, prompt_len, D), randn(1, Hkv, prompt_len, D), randn(1, Hkv, prompt_len, D)
+    sdpa = best(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=lm.scale, enable_gqa=g > 1)) * L
     dec_attn = 0.0
     for t in range(1, new_tokens):  # decode steps: beam x g query rows per KV head over prompt + own tokens
-        qd = torch.randn(Hkv, beam * g, D, dtype=dt)
-        kd = torch.randn(Hkv, D, prompt_len + t, dtype=dt)
-        vd = torch.randn(Hkv, prompt_len + t, D, dtype=dt)
-        dec_attn += _best_ms(lambda: torch.bmm(torch.softmax(torch.bmm(qd, kd) * lm.scale, -1), vd), repeats) * L
-    h1 = torch.randn(max(1, 4), lm.hidden, dtype=dt)  # the engine pads a 1-row GEMM to 4 rows
-    hb = torch.randn(beam, lm.hidden, dtype=dt)
-    head = _best_ms(lambda: F.linear(h1, lm.lm_head), repeats) + (new_tokens - 1) * _best_ms(
-        lambda: F.linear(hb, lm.lm_head), repeats)
+        qd, kd, vd = randn(Hkv, beam * g, D), randn(Hkv, D, prompt_len + t), randn(Hkv, prompt_len + t, D)
+        dec_attn += best(lambda: torch.bmm(torch.softmax(torch.bmm(qd, kd) * lm.scale, -1), vd)) * L
+    h1 = randn(MIN_ROWS, lm.hidden)  # the prompt's last row: the engine pads GEMMs of fewer rows to MIN_ROWS
+    hb = randn(beam, lm.hidden)
+    head_prefill = best(lambda: F.linear(h1, lm.lm_head))
+    head = head_prefill + (new_tokens - 1) * best(lambda: F.linear(hb, lm.lm_head))
     return {
         "prefill_gemm": gemms(prompt_len),
         "prefill_attention": sdpa,
         "decode_gemm": (new_tokens - 1) * gemms(beam),
         "decode_attention": dec_attn,
         "lm_head": head,
+        "lm_head_prefill": head_prefill,  # the part of lm_head that belongs to the prefill (not a phase)
     }
 
 
@@ -160,7 +164,7 @@ def run_floor(args, checkpoint, peak_gflops: float) -> int:
     phases = [Phase(name, fl[name] / 1e9, fl[name] / peak_gflops / 1e6, kern[name]) for name in fl]
     floor = sum(p.matmul_floor_ms for p in phases)
     kfloor = sum(p.kernel_ms for p in phases)
-    kpre = kern["prefill_gemm"] + kern["prefill_attention"] + kern["lm_head"] / T
+    kpre = kern["prefill_gemm"] + kern["prefill_attention"] + kern["lm_head_prefill"]
     kdec = kfloor - kpre
     out = {
         "params_m": round(lm.n_params() / 1e6, 2), "prompt": P, "beam": B, "new_tokens": T, "dtype": args.dtype,
