@@ -32,7 +32,10 @@ class HTTPEngine:
 
         self.name = name
         self.base_url = base_url.rstrip("/")
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        from workbench.engines.http_common import KEEPALIVE_EXPIRY_S
+
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
+                              keepalive_expiry=KEEPALIVE_EXPIRY_S)  # shorter than the server's: see there
         self._client = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, limits=limits)
         self._caps: Capabilities | None = None
 

@@ -168,4 +168,6 @@ def serve(checkpoint, engine: str = "torch", host: str = "127.0.0.1", port: int 
     if host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: binding {host}: the server has no authentication", flush=True)
     app = create_app(eng, model_name=f"{meta.backbone}:{meta.method}")
-    uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=30)
+    # keep-alive 30 s (uvicorn's default is 5): clients under load reuse connections instead of racing the
+    # server's close of an idle one (see http_common.KEEPALIVE_EXPIRY_S, which expires them first anyway)
+    uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=30, timeout_keep_alive=30)
