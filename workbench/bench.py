@@ -400,15 +400,11 @@ def _child(parent, cfg: ExperimentConfig, entry: EngineEntry, checkpoint: Path, 
             h.log_table(points_table(child.points), "points.csv")
             child.saturation_qps = saturation_qps(child.points, slo.ms)
             child.usd_per_1m = usd_per_million(cfg.cost.usd_per_hour, child.saturation_qps)
-            if entry.name == cfg.cost.reference_engine and str(checkpoint) not in reference_cost:
-                reference_cost[str(checkpoint)] = child.usd_per_1m
-            ref = reference_cost.get(str(checkpoint))
-            child.relative_cost = float("nan") if ref is None else relative_cost(child.usd_per_1m, ref)
+            child.relative_cost = _against(reference_cost, str(checkpoint), entry.name == cfg.cost.reference_engine,
+                                           child.usd_per_1m)
             if method_cost is not None and cfg.cost.reference_method is not None:
-                if meta.method == cfg.cost.reference_method and series not in method_cost:
-                    method_cost[series] = child.usd_per_1m
-                mref = method_cost.get(series)
-                child.relative_cost_method = float("nan") if mref is None else relative_cost(child.usd_per_1m, mref)
+                child.relative_cost_method = _against(method_cost, series, meta.method == cfg.cost.reference_method,
+                                                      child.usd_per_1m)
             child.client_cpu_share_max = max((p.client_cpu_share for p in child.points), default=float("nan"))
             h.log_metrics({
                 names.SATURATION_QPS: child.saturation_qps if child.saturation_qps is not None else 0.0,
@@ -425,6 +421,14 @@ def _child(parent, cfg: ExperimentConfig, entry: EngineEntry, checkpoint: Path, 
         child.error = f"{type(e).__name__}: {e}"[:2000]
         print(f"[bench] {series} on {checkpoint.name}: FAILED: {child.error}", file=sys.stderr)
     return child
+
+
+def _against(references: dict[str, float], key: str, is_reference: bool, usd_per_1m: float) -> float:
+    """Relative cost vs the reference measured for `key` (the first reference run records itself); NaN if none."""
+    if is_reference and key not in references:
+        references[key] = usd_per_1m
+    ref = references.get(key)
+    return float("nan") if ref is None else relative_cost(usd_per_1m, ref)
 
 
 def _ordered_engines(cfg: ExperimentConfig) -> list[EngineEntry]:

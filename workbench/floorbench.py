@@ -111,9 +111,11 @@ def flops(lm, prompt_len: int, beam: int, new_tokens: int) -> dict[str, float]:
 
 def engine_times(engine, prompt_len: int, beam: int, new_tokens: int, requests: int, seed: int = 0):
     """Unloaded requests one at a time: per request (total ms, prefill forward ms, decode forwards ms)."""
+    from types import SimpleNamespace
+
     import numpy as np
 
-    from workbench.engines.base import BeamSearchRequest, Prompt
+    from workbench.microbench import make_requests
 
     lm = engine.lm
     calls: list[float] = []
@@ -127,12 +129,11 @@ def engine_times(engine, prompt_len: int, beam: int, new_tokens: int, requests: 
 
     lm.forward = timed_forward
     rng = np.random.default_rng(seed)
-    vocab = min(1000, lm.vocab_size)  # plain text tokens (the special SID/placeholder ids sit above them)
+    shape = SimpleNamespace(prompt_len=prompt_len, beam=beam, new_tokens=new_tokens)
     rows = []
     try:
         for i in range(requests + 1):  # the first is a warm-up
-            ids = rng.integers(2, vocab, size=prompt_len).tolist()
-            req = BeamSearchRequest(Prompt.of(ids), beam_width=beam, max_new_tokens=new_tokens, constrained=False)
+            (req,) = make_requests(shape, engine.limits, 1, rng, constrained=False)
             calls.clear()
             t0 = time.perf_counter()
             res = asyncio.run(engine.beam_search([req]))[0]
