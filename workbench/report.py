@@ -29,7 +29,8 @@ from workbench.metrics import METRIC_NAMES
 
 JOIN_TAGS: tuple[str, ...] = (names.TAG_CHECKPOINT, names.TAG_ENGINE, names.TAG_MODE, names.TAG_DTYPE)
 COMPARE_TAGS: tuple[str, ...] = JOIN_TAGS + (names.TAG_WORKLOAD,)
-LOAD_STAGE = "load"
+LOAD_STAGE = "load"  # bench.STAGE: one child run per engine x checkpoint
+SWEEP_STAGE = "load_sweep"  # bench.PARENT_STAGE: the sweep's parent run
 
 def mlflow_metric_name(name: str) -> str:
     """MLflow refuses '@' in metric names; the quality stage logs "quality/recall@10" as "quality/recall_at_10"."""
@@ -101,7 +102,7 @@ def _latest_sweeps(runs) -> set[str]:
     """Run ids of the most recent load sweep (parent run) of each experiment among `runs`."""
     latest: dict[str, Any] = {}
     for r in runs:
-        if r.data.tags.get(names.TAG_STAGE) == "load_sweep":
+        if r.data.tags.get(names.TAG_STAGE) == SWEEP_STAGE:
             cur = latest.get(r.info.experiment_id)
             if cur is None or r.info.start_time > cur.info.start_time:
                 latest[r.info.experiment_id] = r
@@ -134,8 +135,8 @@ def collect_study(experiment: str | Sequence[str], quality_metric: str | None = 
     for r in runs:
         t, m = r.data.tags, r.data.metrics
         stage = t.get(names.TAG_STAGE)
-        if keep is not None and stage in (LOAD_STAGE, "load_sweep"):
-            sweep = r.info.run_id if stage == "load_sweep" else t.get("mlflow.parentRunId")
+        if keep is not None and stage in (LOAD_STAGE, SWEEP_STAGE):
+            sweep = r.info.run_id if stage == SWEEP_STAGE else t.get("mlflow.parentRunId")
             if sweep not in keep:
                 continue
         if stage == LOAD_STAGE:
@@ -145,7 +146,7 @@ def collect_study(experiment: str | Sequence[str], quality_metric: str | None = 
                 for p in _metric_history_points(client, r):
                     points.append({"run_id": r.info.run_id, "series": row["series"], "engine": row["engine"],
                                    "method": row["method"], "workload": row["workload"], **p})  # fmt: skip
-        elif stage == "load_sweep":
+        elif stage == SWEEP_STAGE:
             parents.append({
                 "name": t.get("mlflow.runName", ""), "run_id": r.info.run_id, "status": r.info.status,
                 "commit": t.get(names.TAG_GIT_COMMIT, "unknown"), "slo_source": t.get("workbench.slo_source", ""),
