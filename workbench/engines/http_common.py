@@ -122,8 +122,9 @@ class PromptEmbedder:
 MAX_LOGPROB_TOKEN_IDS = 128  # vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS in vLLM 0.32.0
 # Idle keep-alive connections are dropped by the client after this many seconds. uvicorn (vLLM's
 # OpenAI server and `workbench serve`) closes them after 5 s, and httpx's default is also 5 s: a request
-# written onto a connection the server is closing at that moment fails with ReadError (measured on a
-# 2-core CPU run: 1 of 1212 torch and 1 of 123 vLLM scoring requests). Expiring first avoids the race.
+# written onto a connection the server is closing at that moment fails with ReadError (a 2-core CPU run
+# saw 1 of 1212 torch and 1 of 123 vLLM scoring requests fail so; the cause is inferred, not reproduced).
+# Expiring first avoids the race.
 KEEPALIVE_EXPIRY_S = 2.0
 
 
