@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from numerics import engine_bound
 from vllm_fixtures import require_vllm_env, small_checkpoint, vllm_session
 
 from workbench.engines.base import BeamSearchRequest, Prompt, ScoreRequest, Support
@@ -55,15 +56,31 @@ def test_checkpoint_loads_in_vllm_env():
     theirs = np.array(__import__("json").loads(out.stdout.strip().splitlines()[-1]))
     with torch.no_grad():
         ours = load_checkpoint(ckpt).model(torch.tensor([[5, 6, 7, 8]])).logits[0, -1, :8].numpy()
-    assert np.allclose(theirs, ours, atol=1e-4)
+    # two float32 evaluations (other transformers build, other kernels): the derived rounding bound
+    assert np.allclose(theirs, ours, rtol=0, atol=_bound(steps=1, prompt_len=4))
+
+
+def _bound(steps: int, prompt_len: int = 20) -> float:
+    """The float32 rounding bound (tests/numerics.py) for this checkpoint: vLLM is another float32
+    implementation (oneDNN GEMMs, its own attention), so it may differ from the oracle by rounding."""
+    from workbench.engines.registry import create_engine
+
+    eng = create_engine("torch", checkpoint=small_checkpoint(), dtype="float32")
+    rng = np.random.default_rng(0)
+    try:
+        return engine_bound(eng, [Prompt.of(rng.integers(2, 300, prompt_len).tolist()) for _ in range(4)], steps)
+    finally:
+        eng.shutdown()
 
 
 async def test_parity_against_torch_engine(vllm, oracle):
-    """Beams (plain, constrained, soft token) and scores (sequence, label) within 1e-3 of the oracle."""
+    """Beams (plain, constrained, soft token) and scores (sequence, label) within the derived float32
+    rounding bound of the oracle."""
     from workbench.engines.parity import compare_engines
 
+    depth = oracle.catalog.depth
     report = await compare_engines(vllm, oracle, small_checkpoint(), n_prompts=2, prompt_len=20, beam_width=4,
-                                   n_candidates=6, tol=1e-3)
+                                   n_candidates=6, tol=_bound(steps=depth + 1))
     by = {c.name: c for c in report.cases}
     for name in ("beam_search", "beam_search_constrained", "beam_search_soft_token", "score_sequence",
                  "score_label", "score_label_soft_token"):
@@ -83,7 +100,7 @@ async def test_wide_beam_returns_every_beam(vllm, oracle):
     assert got.success, got.error
     assert len(got.beams) == 8
     assert [b.cum_logprob for b in got.beams] == sorted((b.cum_logprob for b in got.beams), reverse=True)
-    ok, diff, why = compare_beams(got.beams, want.beams, 1e-3)
+    ok, diff, why = compare_beams(got.beams, want.beams, _bound(steps=3, prompt_len=30))
     assert ok, why
 
 
@@ -111,7 +128,8 @@ async def test_prompt_embeds_equal_token_ids(vllm):
     b = await vllm._post("/v1/completions", {**common, "prompt_embeds": vllm.embedder.encode(emb)})
     ca, cb = a["choices"][0], b["choices"][0]
     assert ca["token_ids"] == cb["token_ids"]
-    assert np.allclose(ca["logprobs"]["token_logprobs"], cb["logprobs"]["token_logprobs"], atol=1e-4)
+    # same server, same kernels; only the first layer's input path differs: well inside the bound
+    assert np.allclose(ca["logprobs"]["token_logprobs"], cb["logprobs"]["token_logprobs"], atol=_bound(steps=1, prompt_len=30))
 
 
 async def test_soft_token_changes_the_output(vllm):

@@ -165,7 +165,8 @@ def train_sasrec(
     import time
 
     import torch
-    from tqdm.auto import tqdm
+
+    from workbench.progress import progress
 
     torch.manual_seed(st.seed)
     rng = np.random.default_rng(st.seed)
@@ -177,7 +178,7 @@ def train_sasrec(
     valid_users = np.flatnonzero(valid >= 0)
     best, best_state, best_epoch, bad, hist = -1.0, None, 0, 0, []
     t0 = time.perf_counter()
-    for epoch in tqdm(range(st.epochs), desc="SASRec", disable=not st.progress, leave=False):
+    for epoch in progress(range(st.epochs), desc="SASRec", unit="epoch", enabled=st.progress):
         model.train()
         order = rng.permutation(len(seqs))
         tot, nb = 0.0, 0

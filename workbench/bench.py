@@ -456,7 +456,8 @@ def run_bench(cfg: ExperimentConfig, experiment_file: str | Path | None = None, 
     """Run the sweep of `cfg.load` for every checkpoint x engine; log it all; return the results.
 
     `engine_factory(entry, checkpoint) -> Engine` replaces the registry lookup (tests, custom engines);
-    `progress` shows tqdm bars per rate point (default: when stderr is a terminal).
+    `progress` reports each rate point (workbench.progress: a bar on a terminal, lines elsewhere;
+    default: when stderr is a terminal).
     """
     import tempfile
 

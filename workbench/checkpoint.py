@@ -28,7 +28,7 @@ PROJECTOR_FILE = "projector.safetensors"
 FORMAT_VERSION = 1
 METHODS = ("none", "none_long", "text_history", "user_sid", "soft_token")
 
-_DTYPES = ("float32", "bfloat16", "float16")
+_DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 class CheckpointError(ValueError):

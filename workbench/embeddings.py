@@ -69,11 +69,13 @@ def text_embeddings(texts: Sequence[str], batch_size: int = 256, show_progress: 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from sentence_transformers import SentenceTransformer
 
+    from workbench.progress import stderr_is_terminal
+
     model = SentenceTransformer(str(minilm_path()), device="cpu")
     vecs = model.encode(
         list(texts),
         batch_size=batch_size,
-        show_progress_bar=show_progress,
+        show_progress_bar=show_progress and stderr_is_terminal(),  # off a terminal: no frames
         normalize_embeddings=True,
         convert_to_numpy=True,
     )
@@ -171,9 +173,9 @@ def fold_in_users(
     out = np.zeros((len(lists), f), dtype=np.float32)
     lengths = np.array([max(1, len(s)) for s in lists])
     order = np.argsort(lengths, kind="stable")  # ascending: a chunk's width is its last list's length
-    from tqdm.auto import tqdm
+    from workbench.progress import progress
 
-    bar = tqdm(total=len(lists), desc="fold-in users", disable=not show_progress)
+    bar = progress(total=len(lists), desc="fold-in users", unit="user", enabled=show_progress)
     start = 0
     while start < len(order):
         stop = start + 1

@@ -164,15 +164,14 @@ def beam_rank(
     progress: bool = True,
 ) -> BeamRanking:
     """Beam search every prompt through `engine`; beams -> items (best first)."""
-    from tqdm.auto import tqdm
-
     from workbench.engines.base import BeamSearchRequest
+    from workbench.progress import progress as progress_bar
 
     depth = catalog.depth
     lists: list[list[int]] = []
     lat, errors = [], []
     n_beams = n_valid = 0
-    bar = tqdm(total=len(prompts), desc=desc, disable=not progress, leave=False)
+    bar = progress_bar(total=len(prompts), desc=desc, unit="user", enabled=progress)
     for s in range(0, len(prompts), batch_size):
         reqs = []
         for i in range(s, min(len(prompts), s + batch_size)):
@@ -208,12 +207,11 @@ def score_rank(
     progress: bool = True,
 ) -> list[list[int]]:
     """Rank each prompt's candidate items by `score` (sequence mode); top-k after banning seen items."""
-    from tqdm.auto import tqdm
-
     from workbench.engines.base import ScoreRequest
+    from workbench.progress import progress as progress_bar
 
     out = []
-    for i in tqdm(range(len(prompts)), desc=desc, disable=not progress, leave=False):
+    for i in progress_bar(range(len(prompts)), desc=desc, unit="user", enabled=progress):
         cands = np.asarray(candidates[i], dtype=np.int64)
         if ban_seen and prompts.seen:
             cands = cands[~np.isin(cands, prompts.seen[i])]

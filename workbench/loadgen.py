@@ -274,9 +274,9 @@ async def run_point(engine, source: RequestSource, rate: float, *, n_requests: i
 def _bar(total: int, desc: str, enabled: bool):
     if not enabled:
         return None
-    from tqdm.auto import tqdm
+    from workbench.progress import progress
 
-    return tqdm(total=total, desc=desc, unit="req", leave=False)
+    return progress(total=total, desc=desc, unit="req")
 
 
 # ---- the rate grid ------------------------------------------------------------------------------

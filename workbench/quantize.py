@@ -76,11 +76,11 @@ class RQKMeans:
         return (self.codebook_size,) * self.levels
 
     def fit(self, x: np.ndarray, show_progress: bool = False) -> "RQKMeans":
-        from tqdm.auto import tqdm
+        from workbench.progress import progress
 
         r = np.asarray(x, dtype=np.float32).copy()
         self.codebooks = []
-        for lvl in tqdm(range(self.levels), desc="rq-kmeans levels", disable=not show_progress):
+        for lvl in progress(range(self.levels), desc="rq-kmeans levels", enabled=show_progress):
             c = _kmeans(r, self.codebook_size, self.iters, self.seed * 1000 + lvl)
             self.codebooks.append(c)
             r -= c[_nearest(r, c)]
@@ -202,7 +202,8 @@ class RQVAE:
 
     def _train(self, xt, dim: int, show_progress: bool) -> None:
         import torch
-        from tqdm.auto import tqdm
+
+        from workbench.progress import progress
 
         n = len(xt)
         with torch.random.fork_rng(devices=[]):
@@ -215,7 +216,7 @@ class RQVAE:
                     cb = np.resize(c, (self.codebook_size, c.shape[1]))  # k_eff < K on tiny data: repeat
                     net.codebooks.data[lvl] = torch.from_numpy(cb)
             opt = torch.optim.Adam(net.parameters(), lr=self.lr)
-            bar = tqdm(range(self.epochs), desc="rq-vae epochs", disable=not show_progress)
+            bar = progress(range(self.epochs), desc="rq-vae epochs", enabled=show_progress)
             for epoch in bar:
                 perm = torch.randperm(n, generator=gen)
                 total = 0.0

@@ -200,11 +200,11 @@ def train_model(
 ) -> TrainResult:
     """Train `backbone` on `train_set`, validate each epoch, save the best checkpoint to `out_dir/checkpoint`."""
     import torch
-    from tqdm.auto import tqdm
 
     from workbench.checkpoint import LoadedCheckpoint, save_checkpoint
     from workbench.semantic_ids import Catalog
     from workbench.model import apply_trainable, count_parameters
+    from workbench.progress import progress
     from workbench.projector import SoftTokenProjector
 
     method = train_set.method
@@ -239,7 +239,7 @@ def train_model(
         if projector is not None:
             projector.train()
         batches = length_batches(lengths, st.batch_size, rng)
-        bar = tqdm(batches, desc=f"{method} lr={st.lr:g} epoch {epoch + 1}/{st.epochs}", disable=not st.progress, leave=False)
+        bar = progress(batches, desc=f"{method} lr={st.lr:g} epoch {epoch + 1}/{st.epochs}", unit="batch", enabled=st.progress)
         tot, nb = 0.0, 0
         for idx in bar:
             if step >= total:
@@ -261,6 +261,7 @@ def train_model(
             bar.set_postfix(loss=f"{lv:.3f}")
             if log_fn and step % 10 == 0:
                 log_fn({"train/loss": lv, "train/lr": sched.get_last_lr()[0]}, step)
+        bar.close()
         model.eval()
         if projector is not None:
             projector.eval()
