@@ -14,7 +14,7 @@ import math
 import pytest
 
 from workbench import names
-from workbench.bench import run_bench
+from workbench.load.bench import run_bench
 from workbench.config import parse_config
 from workbench.engines.base import BeamSearchResult
 

@@ -37,7 +37,7 @@ def trained_study(tmp_path, data_dir, mlflow_store):
     import torch
 
     from workbench.config import load_config
-    from workbench.pipeline import run_experiment
+    from workbench.study.pipeline import run_experiment
 
     torch.set_num_threads(1)
     path = tmp_path / "bench_study.yaml"
@@ -47,10 +47,10 @@ def trained_study(tmp_path, data_dir, mlflow_store):
 
 
 def test_test_split_load_on_trained_checkpoints_joins_quality(trained_study, tmp_path):
-    from workbench.bench import run_bench
+    from workbench.load.bench import run_bench
     from workbench.config import parse_config
-    from workbench.cost import relative_cost
-    from workbench.report import collect_study, default_quality_metric
+    from workbench.load.cost import relative_cost
+    from workbench.report.html import collect_study, default_quality_metric
 
     cfg = parse_config({
         "name": "bench_on_study", "dataset": {"name": "ml-100k"}, "engines": [{"name": "torch"}],
@@ -99,9 +99,9 @@ def test_test_split_load_on_trained_checkpoints_joins_quality(trained_study, tmp
 
 
 def test_test_split_needs_a_study_and_a_trained_method(trained_study):
-    from workbench.bench import run_bench
+    from workbench.load.bench import run_bench
     from workbench.config import ConfigError, parse_config
-    from workbench.study import StudyError
+    from workbench.study.stages import StudyError
 
     base = {"name": "x", "dataset": {"name": "ml-100k"},
             "load": {"workload": "personalization", "prompts_from": "test_split", "checkpoints": ["trained:none"]}}

@@ -9,8 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from workbench.checkpoint import META_FILE, CheckpointError, load_checkpoint, read_meta  # noqa: E402
-from workbench.projector import SoftTokenProjector  # noqa: E402
+from workbench.model.checkpoint import META_FILE, CheckpointError, load_checkpoint, read_meta  # noqa: E402
+from workbench.model.projector import SoftTokenProjector  # noqa: E402
 from workbench.testing import make_random_checkpoint  # noqa: E402
 
 

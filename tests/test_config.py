@@ -85,7 +85,7 @@ def test_validate_cli(tmp_path):
 
 def test_import_is_light():
     code = (
-        "import sys, workbench, workbench.config, workbench.cli, workbench.engines.base, workbench.semantic_ids,"
+        "import sys, workbench, workbench.config, workbench.cli, workbench.engines.base, workbench.sids.layout,"
         " workbench.engines.registry\n"
         "heavy = [m for m in ('torch', 'vllm', 'sglang', 'tensorrt_llm', 'transformers', 'mlflow') if m in sys.modules]\n"
         "print(heavy)\nassert not heavy, heavy"

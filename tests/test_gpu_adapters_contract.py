@@ -397,10 +397,10 @@ def _layer_logprobs(model, ids, vec=None):
 async def test_trtllm_scoring_layer_contract(ckpt):
     if importlib.util.find_spec("tensorrt_llm") is not None:
         pytest.skip("tensorrt_llm is installed: the real layer is validated by scripts/validate_gpu_engines.sh")
-    from workbench.checkpoint import read_meta
+    from workbench.model.checkpoint import read_meta
     from workbench.engines.trtllm_engine import TRTLLMEngine
     from workbench.engines.trtllm_scoring_server import LLMScorer, create_app
-    from workbench.semantic_ids import Catalog
+    from workbench.sids.layout import Catalog
 
     vocab = json.loads((ckpt / "config.json").read_text())["vocab_size"]
     model = FakeLogits(vocab)

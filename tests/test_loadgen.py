@@ -14,13 +14,13 @@ import time
 import numpy as np
 import pytest
 
-from workbench import loadgen
-from workbench.data.workloads import SyntheticWorkload, WorkloadShape
+from workbench.load import loadgen
+from workbench.load.workloads import SyntheticWorkload, WorkloadShape
 from workbench.engines.base import (
     FEATURES, Beam, BeamSearchResult, Capabilities, FeatureSupport, ScoreResult, Support, Timings,
 )  # fmt: skip
-from workbench.metrics import summarize_point
-from workbench.semantic_ids import SidLayout
+from workbench.load.metrics import summarize_point
+from workbench.sids.layout import SidLayout
 
 
 class SleepEngine:

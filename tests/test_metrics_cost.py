@@ -6,8 +6,10 @@ import math
 
 import pytest
 
-from workbench import cost, metrics, names
-from workbench.loadgen import RequestRecord
+from workbench import names
+from workbench.load import cost
+from workbench.load import metrics
+from workbench.load.loadgen import RequestRecord
 
 
 def rec(i, latency_s, *, success=True, sent=None, first=None, scheduled=None):

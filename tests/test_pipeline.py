@@ -38,7 +38,7 @@ def _runs(experiment: str):
 
 
 def test_run_products_cache_and_mlflow(data_dir, mlflow_store, capsys):
-    from workbench.pipeline import run_experiment
+    from workbench.study.pipeline import run_experiment
 
     cfg = _cfg()
     ctx = run_experiment(cfg, experiment_file="experiments/test.yaml")
@@ -97,7 +97,7 @@ def test_run_products_cache_and_mlflow(data_dir, mlflow_store, capsys):
 
 
 def test_failing_stage_marks_failed_and_keeps_earlier(data_dir, mlflow_store, monkeypatch):
-    from workbench import pipeline
+    from workbench.study import pipeline
 
     def boom(ctx):
         ctx.run.log_metrics({"partial/progress": 1.0})
@@ -118,7 +118,7 @@ def test_failing_stage_marks_failed_and_keeps_earlier(data_dir, mlflow_store, mo
 
 
 def test_resolve_stages_and_untracked_prepare(data_dir, monkeypatch):
-    from workbench import pipeline
+    from workbench.study import pipeline
 
     assert pipeline.resolve_stages(["semantic_ids"]) == ["data", "embeddings", "semantic_ids"]
     assert pipeline.resolve_stages(["evaluate", "data"]) == ["data", "embeddings", "semantic_ids", "evaluate"]

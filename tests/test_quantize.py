@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from workbench.config import SemanticIdConfig, UserSidConfig
-from workbench.quantize import (
+from workbench.sids.quantize import (
     RQVAE,
     RQKMeans,
     code_stats,
@@ -17,7 +17,7 @@ from workbench.quantize import (
     make_quantizer_of_kind,
     quantizer_stats,
 )
-from workbench.semantic_ids import Catalog, SidLayout
+from workbench.sids.layout import Catalog, SidLayout
 
 
 def _clustered(n=300, d=16, centers=12, seed=0) -> np.ndarray:

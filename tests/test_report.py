@@ -7,8 +7,9 @@ import re
 
 import pytest
 
-from workbench import names, report
-from workbench.bench import run_bench
+from workbench import names
+from workbench.report import html as report
+from workbench.load.bench import run_bench
 from workbench.config import parse_config
 from workbench.tracking import start_run
 

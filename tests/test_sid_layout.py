@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workbench.semantic_ids import SPECIAL_TOKENS, Catalog, SidLayout, add_dedup_digit
+from workbench.sids.layout import SPECIAL_TOKENS, Catalog, SidLayout, add_dedup_digit
 
 
 def test_layout_blocks():

@@ -15,8 +15,8 @@ import pytest
 from numerics import logprob_bound
 
 from workbench import names
-from workbench.baselines import SasrecSettings, popularity_rank, sasrec_rank, train_sasrec
-from workbench.evaluate import (
+from workbench.study.baselines import SasrecSettings, popularity_rank, sasrec_rank, train_sasrec
+from workbench.study.evaluate import (
     EvalSettings,
     Quality,
     coverage,
@@ -77,11 +77,11 @@ N_CLUSTERS, PER, N_USERS = 4, 12, 96
 
 
 def synthetic():
-    from workbench.personalization import Interactions, UserEncoder
+    from workbench.study.prompts import Interactions, UserEncoder
 
     rng = np.random.default_rng(0)
     n_items = N_CLUSTERS * PER
-    from workbench.semantic_ids import add_dedup_digit
+    from workbench.sids.layout import add_dedup_digit
 
     codes = add_dedup_digit(np.stack([np.arange(n_items) // PER, np.arange(n_items) % 4, (np.arange(n_items) % PER) // 4], 1))
     train, valid, test = [], [], []
@@ -109,9 +109,9 @@ def synthetic():
 def trained(tmp_path_factory):
     """Train `none` and `soft_token` on the synthetic catalog (shared by the tests below)."""
     from workbench.config import ModelConfig
-    from workbench.model import build_backbone
-    from workbench.personalization import PromptBuilder, eval_examples, tokenize_item_texts, train_examples
-    from workbench.train import TrainSettings, train_model
+    from workbench.model.backbone import build_backbone
+    from workbench.study.prompts import PromptBuilder, eval_examples, tokenize_item_texts, train_examples
+    from workbench.study.train import TrainSettings, train_model
 
     import torch
 
@@ -136,7 +136,7 @@ def trained(tmp_path_factory):
 
 
 def test_tiny_train_and_evaluate_beats_popularity(trained):
-    from workbench.evaluate import evaluate_checkpoint
+    from workbench.study.evaluate import evaluate_checkpoint
 
     data, codes, out = trained
     pop_lists = popularity_rank(data.train, data.n_items, out["none"][1].seen, 30)
@@ -184,8 +184,8 @@ def _tiny_model(vocab: int = 64):
 
 def test_collate_reads_logits_where_each_sid_token_is_predicted():
     """Input = prompt + sid[:-1]; position len(prompt)-1+j predicts sid[j] (teacher forcing, right padding)."""
-    from workbench.personalization import PromptSet
-    from workbench.train import collate
+    from workbench.study.prompts import PromptSet
+    from workbench.study.train import collate
 
     sid_ids = np.array([[40, 50, 60], [41, 51, 61]])
     ps = PromptSet("none", np.array([0, 1]), np.array([1, 0]), [[1, 2, 3], [4, 5]], [None, None], None)
@@ -204,7 +204,7 @@ def test_target_logits_without_mask_equal_masked_and_unpadded():
     """Right-padded rows skip the attention mask (faster); logits must equal the masked and the unpadded ones."""
     import torch
 
-    from workbench.train import _right_padded, target_logits
+    from workbench.study.train import _right_padded, target_logits
 
     model = _tiny_model()
     ids = torch.tensor([[5, 6, 7, 8, 9], [10, 11, 12, 0, 0]])
@@ -227,7 +227,7 @@ def test_sasrec_windows_cover_every_transition_once():
     """SASRec once trained on only the last max_len + 1 items per user (~10 of ~90 transitions on ML-100K)."""
     from collections import Counter
 
-    from workbench.baselines import sasrec_windows
+    from workbench.study.baselines import sasrec_windows
 
     rng = np.random.default_rng(0)
     train = [rng.integers(0, 100, size=n) for n in (0, 1, 2, 5, 11, 12, 37, 120)]
@@ -241,7 +241,8 @@ def test_sasrec_windows_cover_every_transition_once():
 
 def test_eval_runs_carry_the_report_join_tags(tmp_path):
     """Every evaluation child run is tagged with the checkpoint, engine, mode and dtype the report joins on."""
-    from workbench import report, study
+    from workbench.report import html as report
+    from workbench.study import stages as study
 
     tags = study.eval_tags("user_sid", 0, tmp_path / "checkpoint")
     for t in report.JOIN_TAGS:
@@ -253,7 +254,7 @@ def test_eval_runs_carry_the_report_join_tags(tmp_path):
 
 def test_eval_cache_key_follows_rerank_candidates(tmp_path):
     """A retrained SASRec (other top-100) must not reuse a cached re-rank evaluation."""
-    from workbench import study
+    from workbench.study import stages as study
     from workbench.config import ExperimentConfig
 
     cfg = ExperimentConfig(name="k", dataset={"name": "ml-100k"})
@@ -269,7 +270,7 @@ def test_sasrec_init_gives_unit_scale_inputs_and_logits():
     (near one-hot softmax at step 0); SASRec then trained to valid NDCG@10 0.03 on ML-100K (0.11 fixed)."""
     import torch
 
-    from workbench.baselines import _build, _pad_left
+    from workbench.study.baselines import _build, _pad_left
 
     st = SasrecSettings(max_len=10, hidden=64, dropout=0.0)
     torch.manual_seed(0)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.semantic_ids import Catalog, SidLayout, add_dedup_digit
+from workbench.sids.layout import Catalog, SidLayout, add_dedup_digit
 
 
 def _random_catalog(rng, n_items, codebooks, base_vocab, user_codebooks=(3, 2)):

@@ -39,7 +39,7 @@ def test_checkpoint_loads_in_vllm_env():
     require_vllm_env()
     import torch
 
-    from workbench.checkpoint import load_checkpoint
+    from workbench.model.checkpoint import load_checkpoint
     from workbench.engines.launcher import env_dir, serving_dir
 
     ckpt = small_checkpoint()
@@ -105,7 +105,7 @@ async def test_wide_beam_returns_every_beam(vllm, oracle):
 
 
 async def test_banned_items_are_never_returned(vllm, oracle):
-    from workbench.checkpoint import load_checkpoint
+    from workbench.model.checkpoint import load_checkpoint
 
     cat = load_checkpoint(small_checkpoint()).catalog
     p = Prompt.of(list(range(2, 22)))

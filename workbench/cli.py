@@ -27,7 +27,7 @@ def _cmd_validate(args) -> int:
 
 def _cmd_run(args) -> int:
     from workbench.config import load_config
-    from workbench.pipeline import run_experiment
+    from workbench.study.pipeline import run_experiment
 
     # --methods narrows methods.run: trained models are cached per method (the key ignores the list), so two
     # processes can train disjoint methods side by side and a plain run afterwards reuses both
@@ -50,13 +50,13 @@ def _cmd_serve(args) -> int:
 
 
 def _cmd_microbench(args) -> int:
-    from workbench.microbench import main as microbench_main
+    from workbench.perf.microbench import main as microbench_main
 
     return microbench_main(args.rest)
 
 
 def _cmd_bench(args) -> int:
-    from workbench.bench import run_bench
+    from workbench.load.bench import run_bench
     from workbench.config import load_config
 
     run_bench(load_config(args.file), experiment_file=args.file)
@@ -64,7 +64,7 @@ def _cmd_bench(args) -> int:
 
 
 def _cmd_report(args) -> int:
-    from workbench.report import write_report
+    from workbench.report.html import write_report
 
     out = write_report(args.experiment, Path(args.output), latest=args.latest)
     print(f"report written to {out}")
@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["microbench"]:  # forwards its own flags (argparse REMAINDER misses leading --flags)
-        from workbench.microbench import main as microbench_main
+        from workbench.perf.microbench import main as microbench_main
 
         return microbench_main(argv[1:])
     args = build_parser().parse_args(argv)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from workbench.checkpoint import CheckpointMeta, save_checkpoint
-from workbench.semantic_ids import SidLayout, add_dedup_digit
+from workbench.model.checkpoint import CheckpointMeta, save_checkpoint
+from workbench.sids.layout import SidLayout, add_dedup_digit
 
 
 def make_word_tokenizer(layout: SidLayout):
@@ -82,7 +82,7 @@ def make_random_checkpoint(path, arch: str = "qwen3", n_items: int = 200, levels
     import torch
     from transformers import AutoModelForCausalLM
 
-    from workbench.projector import SoftTokenProjector
+    from workbench.model.projector import SoftTokenProjector
 
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)

@@ -46,7 +46,7 @@ class HFEngine:
                  max_new_tokens: int = 64, max_candidates: int = 1024, max_candidate_tokens: int = 64, **_ignored):
         import torch
 
-        from workbench.checkpoint import LoadedCheckpoint, load_checkpoint
+        from workbench.model.checkpoint import LoadedCheckpoint, load_checkpoint
 
         ck = checkpoint if isinstance(checkpoint, LoadedCheckpoint) else load_checkpoint(checkpoint, dtype=dtype, device=device)
         self.checkpoint = ck
@@ -131,7 +131,7 @@ class HFEngine:
         ids = torch.as_tensor([*prompt.token_ids, *extra_ids], dtype=torch.long, device=self.device)[None]
         x = self.model.get_input_embeddings()(ids)
         if prompt.is_soft:
-            from workbench.projector import project
+            from workbench.model.projector import project
 
             vec = torch.as_tensor(prompt.user_vector, dtype=torch.float32)[None]
             x = x.clone()

@@ -56,7 +56,7 @@ class CheckpointInfo:
 
     @classmethod
     def read(cls, path) -> "CheckpointInfo":
-        from workbench.checkpoint import read_meta
+        from workbench.model.checkpoint import read_meta
 
         path = Path(path)
         cfg = json.loads((path / "config.json").read_text())
@@ -81,7 +81,7 @@ class PromptEmbedder:
         import torch
         from safetensors import safe_open
 
-        from workbench.checkpoint import load_projector
+        from workbench.model.checkpoint import load_projector
 
         files = sorted(self.checkpoint.glob("*.safetensors"))
         for f in files:
@@ -220,8 +220,8 @@ class HTTPEngineBase:
         if self._trie is None:
             import numpy as np
 
-            from workbench.checkpoint import CATALOG_FILE
-            from workbench.semantic_ids import Catalog
+            from workbench.model.checkpoint import CATALOG_FILE
+            from workbench.sids.layout import Catalog
 
             self._catalog = Catalog(np.load(self.checkpoint / CATALOG_FILE)["item_codes"], self.info.meta.layout)
             self._trie = self._catalog.trie()

@@ -77,7 +77,7 @@ def _max_diff(a, b) -> float:
 
 def make_prompts(checkpoint, n_prompts: int = 2, prompt_len: int = 24, seed: int = 0) -> dict[str, list[Prompt]]:
     """Plain prompts of random base-vocabulary tokens, and soft-token versions with a placeholder."""
-    from workbench.checkpoint import read_meta
+    from workbench.model.checkpoint import read_meta
 
     meta = read_meta(checkpoint)
     rng = np.random.default_rng(seed)
@@ -103,8 +103,8 @@ async def _timed(coro):
 async def compare_engines(engine, oracle, checkpoint, *, n_prompts: int = 2, prompt_len: int = 24, beam_width: int = 4,
                           n_candidates: int = 6, tol: float = 1e-3, seed: int = 0) -> ParityReport:
     """Run the suite on `engine` and `oracle` (both already built on `checkpoint`)."""
-    from workbench.checkpoint import CATALOG_FILE, read_meta
-    from workbench.semantic_ids import Catalog
+    from workbench.model.checkpoint import CATALOG_FILE, read_meta
+    from workbench.sids.layout import Catalog
 
     meta = read_meta(checkpoint)
     catalog = Catalog(np.load(f"{checkpoint}/{CATALOG_FILE}")["item_codes"], meta.layout)

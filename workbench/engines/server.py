@@ -160,7 +160,7 @@ def serve(checkpoint, engine: str = "torch", host: str = "127.0.0.1", port: int 
     """Load `checkpoint` into `engine` and serve it until SIGINT/SIGTERM (then close it cleanly)."""
     import uvicorn
 
-    from workbench.checkpoint import read_meta
+    from workbench.model.checkpoint import read_meta
     from workbench.engines.registry import create_engine
 
     meta = read_meta(checkpoint)

@@ -120,7 +120,7 @@ class TorchEngine:
         """`batch_invariant`: fixed-size GEMM row blocks so results are identical whatever shares a
         batch, also with several BLAS threads (opt-in: costs up to ~2x on small decode batches)."""
         torch = _import_torch()
-        from workbench.checkpoint import LoadedCheckpoint, load_checkpoint
+        from workbench.model.checkpoint import LoadedCheckpoint, load_checkpoint
         from workbench.engines.torch_model import FastLM
 
         if device.startswith("cuda") and not torch.cuda.is_available():
@@ -385,7 +385,7 @@ class TorchEngine:
         p = j.req.prompt
         x = self.lm.embed_ids(torch.as_tensor(p.token_ids, dtype=torch.long))
         if p.is_soft:
-            from workbench.projector import project
+            from workbench.model.projector import project
 
             vec = torch.as_tensor(p.user_vector, dtype=torch.float32, device=self.device)[None]
             with torch.inference_mode():

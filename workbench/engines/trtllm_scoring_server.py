@@ -368,8 +368,8 @@ def build_scorer(checkpoint, dtype: str = "auto", max_beam_width: int = 32, mis_
                   gather_generation_logits=False)
     catalog = None
     if (ck / "catalog.npz").exists():
-        from workbench.checkpoint import read_meta
-        from workbench.semantic_ids import Catalog
+        from workbench.model.checkpoint import read_meta
+        from workbench.sids.layout import Catalog
 
         catalog = Catalog(np.load(ck / "catalog.npz")["item_codes"], read_meta(ck).layout)
     cfg = json.loads((ck / "config.json").read_text())

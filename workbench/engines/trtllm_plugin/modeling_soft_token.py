@@ -98,7 +98,7 @@ class _SoftTokenMixin:
         meta = _workbench_meta(model_dir)
         layout = meta["layout"]
         n_levels = len(layout["item_codebooks"])
-        # same id arithmetic as workbench.semantic_ids.SidLayout.placeholder_id (first special token)
+        # same id arithmetic as workbench.sids.layout.SidLayout.placeholder_id (first special token)
         self.placeholder_id = int(layout["base_vocab_size"]) + sum(layout["item_codebooks"]) + int(
             layout["dedup_size"]) + sum(layout.get("user_codebooks", []))
         assert n_levels >= 1

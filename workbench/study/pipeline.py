@@ -7,8 +7,8 @@ Stages run in a fixed order, each a function of a `StageContext` (`STAGES[name](
     data          MovieLens tables (filtered, dense ids) + time-ordered leave-one-out split
     embeddings    item text embeddings (MiniLM, when the item quantizer needs them) + ALS on train
     semantic_ids  item quantizer(s) + dedup digit, user quantizer, Catalog, figures
-    train         workbench.study.train_stage(ctx)      (imported only when run)
-    evaluate      workbench.study.evaluate_stage(ctx)
+    train         workbench.study.stages.train_stage(ctx)      (imported only when run)
+    evaluate      workbench.study.stages.evaluate_stage(ctx)
 
 Caching: each stage's products live in `data/cache/<stage>/<key>/`, where the key is
 `config.section_hash` of the config sections the stage reads plus the keys of the stages it
@@ -73,7 +73,7 @@ class StageContext:
     split: Any = None  # workbench.data.splits.Split
     # embeddings
     text_vectors: np.ndarray | None = None  # [n_items, 384] or None when not needed
-    als: Any = None  # workbench.embeddings.AlsModel (user_factors = train-history user vectors)
+    als: Any = None  # workbench.sids.embeddings.AlsModel (user_factors = train-history user vectors)
     # semantic ids
     item_vectors: np.ndarray | None = None  # what the item quantizer encoded
     item_sids: dict[str, Any] = field(default_factory=dict)  # kind -> quantize.ItemSids (every fitted kind)
@@ -104,13 +104,13 @@ class StageContext:
         return sid_layout(self.item_codebooks, self.dedup_size, self.user_codebooks, base_vocab_size)
 
     def catalog_for(self, base_vocab_size: int):
-        from workbench.semantic_ids import Catalog
+        from workbench.sids.layout import Catalog
 
         return Catalog(self.item_codes, self.layout(base_vocab_size))
 
     def user_vectors_as_of(self, item_lists) -> np.ndarray:
         """ALS user vectors folded in from each item list (item factors fixed): [n, factors]."""
-        from workbench.embeddings import fold_in_users
+        from workbench.sids.embeddings import fold_in_users
 
         return fold_in_users(self.als, item_lists)
 
@@ -121,7 +121,7 @@ class StageContext:
 
 def sid_layout(item_codebooks, dedup_size: int, user_codebooks, base_vocab_size: int):
     """SidLayout from fitted quantizer sizes; the one place the pipeline's SIDs become token blocks."""
-    from workbench.semantic_ids import SidLayout
+    from workbench.sids.layout import SidLayout
 
     return SidLayout(
         base_vocab_size=int(base_vocab_size),
@@ -207,7 +207,7 @@ def _als_valid_recall(als, split, k: int = 10) -> float:
 
 
 def stage_embeddings(ctx: StageContext) -> None:
-    from workbench.embeddings import AlsModel, fit_als, item_texts, text_embeddings
+    from workbench.sids.embeddings import AlsModel, fit_als, item_texts, text_embeddings
 
     cfg, emb = ctx.cfg, ctx.cfg.embeddings
     if emb.text_model not in SUPPORTED_TEXT_MODELS:
@@ -276,8 +276,8 @@ def _prefixed(prefix: str, stats: dict) -> dict:
 
 
 def stage_semantic_ids(ctx: StageContext) -> None:
-    from workbench.embeddings import item_vectors
-    from workbench.quantize import (
+    from workbench.sids.embeddings import item_vectors
+    from workbench.sids.quantize import (
         ItemSids,
         code_stats,
         dedup_size_for,
@@ -287,7 +287,7 @@ def stage_semantic_ids(ctx: StageContext) -> None:
         make_quantizer_of_kind,
         quantizer_stats,
     )
-    from workbench.semantic_ids import Catalog, add_dedup_digit
+    from workbench.sids.layout import Catalog, add_dedup_digit
 
     cfg = ctx.cfg
     sid, usid = cfg.semantic_ids, cfg.user_sids
@@ -342,7 +342,7 @@ def stage_semantic_ids(ctx: StageContext) -> None:
     ctx.catalog = Catalog(main.item_codes, ctx.layout(0))
     ctx.keys["semantic_ids"] = key
 
-    from workbench.sid_figures import genre_coherence
+    from workbench.sids.figures import genre_coherence
 
     stats: dict[str, float] = {**timings}
     for kind, res in results.items():
@@ -372,7 +372,7 @@ def stage_semantic_ids(ctx: StageContext) -> None:
 
 
 def _log_sid_figures(ctx: StageContext, results: dict, user_stats: dict) -> None:
-    from workbench import sid_figures as sf
+    from workbench.sids import figures as sf
 
     run = ctx.run
     if isinstance(run, _NullRun):
@@ -391,13 +391,13 @@ def _log_sid_figures(ctx: StageContext, results: dict, user_stats: dict) -> None
 
 # ---- later stages (other modules, imported only when run) ---------------------------------------
 def stage_train(ctx: StageContext) -> Any:
-    from workbench.study import train_stage
+    from workbench.study.stages import train_stage
 
     return train_stage(ctx)
 
 
 def stage_evaluate(ctx: StageContext) -> Any:
-    from workbench.study import evaluate_stage
+    from workbench.study.stages import evaluate_stage
 
     return evaluate_stage(ctx)
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from workbench.paths import data_dir
-from workbench.semantic_ids import SidLayout
+from workbench.sids.layout import SidLayout
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

@@ -59,7 +59,7 @@ def parse_args(argv):
     p.add_argument("--max-batch-tokens", type=int, default=16384)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--floor", action="store_true",
-                   help="instead: one unloaded beam request vs the compute floor, by phase (workbench/floorbench.py)")
+                   help="instead: one unloaded beam request vs the compute floor, by phase (workbench/perf/floorbench.py)")
     return p.parse_args(argv)
 
 
@@ -145,7 +145,7 @@ def main(argv=None) -> int:
     tdtype = getattr(torch, args.dtype)
     rng = np.random.default_rng(0)
     if args.floor:
-        from workbench.floorbench import run_floor
+        from workbench.perf.floorbench import run_floor
 
         with tempfile.TemporaryDirectory() as tmp:
             ck = Path(args.checkpoint) if args.checkpoint else build_checkpoint(args, Path(tmp))

@@ -163,7 +163,7 @@ def sid_loss(logits, targets):
 
 
 def make_meta(method: str, layout, sid_version: str, backbone: str, template: str, user_dim: int | None, extra=None):
-    from workbench.checkpoint import CheckpointMeta
+    from workbench.model.checkpoint import CheckpointMeta
 
     return CheckpointMeta(method=method, layout=layout, sid_version=sid_version, backbone=backbone,
                           prompt_template=template, user_vector_dim=user_dim, extra=dict(extra or {}))
@@ -176,7 +176,7 @@ def validate_recall10(loaded, valid_set, beam_width: int, progress: bool) -> flo
     engine runs the same code path as the final evaluation.
     """
     from workbench.engines import registry
-    from workbench.evaluate import beam_rank, per_user_metrics, ranks_of
+    from workbench.study.evaluate import beam_rank, per_user_metrics, ranks_of
     from workbench.sync import run_sync
 
     engine = registry.create_engine("torch", checkpoint=loaded)
@@ -201,11 +201,11 @@ def train_model(
     """Train `backbone` on `train_set`, validate each epoch, save the best checkpoint to `out_dir/checkpoint`."""
     import torch
 
-    from workbench.checkpoint import LoadedCheckpoint, save_checkpoint
-    from workbench.semantic_ids import Catalog
-    from workbench.model import apply_trainable, count_parameters
+    from workbench.model.checkpoint import LoadedCheckpoint, save_checkpoint
+    from workbench.sids.layout import Catalog
+    from workbench.model.backbone import apply_trainable, count_parameters
     from workbench.progress import progress
-    from workbench.projector import SoftTokenProjector
+    from workbench.model.projector import SoftTokenProjector
 
     method = train_set.method
     out_dir = Path(out_dir)
@@ -293,7 +293,7 @@ def train_model(
 
 
 def train_set_template(backbone, method: str) -> str:
-    from workbench.personalization import TEMPLATES
+    from workbench.study.prompts import TEMPLATES
 
     return TEMPLATES[method]
 

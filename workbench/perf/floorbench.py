@@ -115,7 +115,7 @@ def engine_times(engine, prompt_len: int, beam: int, new_tokens: int, requests: 
 
     import numpy as np
 
-    from workbench.microbench import make_requests
+    from workbench.perf.microbench import make_requests
 
     lm = engine.lm
     calls: list[float] = []

@@ -36,10 +36,10 @@ from typing import Any, Iterator
 
 from workbench import names
 from workbench.config import ConfigError, EngineEntry, ExperimentConfig, LoadConfig, section_hash
-from workbench.cost import relative_cost, usd_per_million
+from workbench.load.cost import relative_cost, usd_per_million
 from workbench.sync import run_sync
-from workbench.loadgen import SweepSettings, measure_unloaded, records_table, run_sweep, warm_up
-from workbench.metrics import (
+from workbench.load.loadgen import SweepSettings, measure_unloaded, records_table, run_sweep, warm_up
+from workbench.load.metrics import (
     SLO_MS, UNLOADED_P50, UNLOADED_P99, PointMetrics, default_slo_ms, percentile, points_table, saturation_qps,
     summarize_point,
 )  # fmt: skip
@@ -75,20 +75,20 @@ class StudySource:
     @property
     def inputs(self):
         if self._inputs is None:
-            from workbench.pipeline import prepare_context
-            from workbench.study import inputs_from_context
+            from workbench.study.pipeline import prepare_context
+            from workbench.study.stages import inputs_from_context
 
             print(f"[bench] preparing the study {self.path} (data, embeddings, SIDs; cached)", file=sys.stderr)
             self._inputs = inputs_from_context(prepare_context(self.cfg))
         return self._inputs
 
     def checkpoint(self, method: str) -> Path:
-        from workbench.study import trained_checkpoint
+        from workbench.study.stages import trained_checkpoint
 
         return trained_checkpoint(self.cfg, self.inputs, method).resolve()
 
     def test_prompts(self, checkpoint: Path):
-        from workbench.study import study_test_prompts
+        from workbench.study.stages import study_test_prompts
 
         if checkpoint not in self._prompts:
             self._prompts[checkpoint] = study_test_prompts(self.cfg, checkpoint, self.inputs)
@@ -288,7 +288,7 @@ def sweep_settings(load: LoadConfig) -> SweepSettings:
 
 def make_workload(load: LoadConfig, checkpoint: Path, study: StudySource | None = None):
     """Synthetic prompts of `load.prompt_tokens`, or (prompts_from: test_split) the checkpoint's real test prompts."""
-    from workbench.data.workloads import SyntheticWorkload, TestSplitWorkload, WorkloadShape
+    from workbench.load.workloads import SyntheticWorkload, TestSplitWorkload, WorkloadShape
 
     kind = "scoring" if load.workload == "scoring" else "beam_search"
     shape = WorkloadShape(kind=kind, prompt_tokens=load.prompt_tokens, beam_width=load.beam_width,
@@ -369,8 +369,8 @@ async def _run_engine(entry: EngineEntry, checkpoint: Path, workload, settings, 
 def _child(parent, cfg: ExperimentConfig, entry: EngineEntry, checkpoint: Path, slo: _SLO, settings: SweepSettings,
            reference_cost: dict[str, float], log_dir: Path, engine_factory=None,
            study: StudySource | None = None, method_cost: dict[str, float] | None = None) -> ChildResult:
-    from workbench.checkpoint import read_meta
-    from workbench.plots import latency_vs_qps
+    from workbench.model.checkpoint import read_meta
+    from workbench.load.plots import latency_vs_qps
     from workbench.tracking import start_run
 
     load = cfg.load
@@ -442,7 +442,7 @@ def _ordered_checkpoints(cfg: ExperimentConfig, checkpoints: list[Path]) -> list
     ref = cfg.cost.reference_method
     if ref is None:
         return checkpoints
-    from workbench.checkpoint import read_meta
+    from workbench.model.checkpoint import read_meta
 
     methods = [read_meta(c).method for c in checkpoints]
     if ref not in methods:
@@ -461,7 +461,7 @@ def run_bench(cfg: ExperimentConfig, experiment_file: str | Path | None = None, 
     """
     import tempfile
 
-    from workbench.plots import cost_bars, latency_vs_qps, throughput_vs_offered
+    from workbench.load.plots import cost_bars, latency_vs_qps, throughput_vs_offered
     from workbench.tracking import start_run, ui_hint
 
     if cfg.load is None:

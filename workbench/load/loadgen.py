@@ -7,7 +7,7 @@ This reproduces how serving benchmarks measure latency against load (vLLM `bench
   smoother). The schedule is drawn before the clock starts, so a slow engine cannot slow the
   arrivals down; only the concurrency cap (64 by default) holds requests back in the client.
 - Every request is built before the clock starts from a deterministic workload
-  (`workbench.data.workloads`), with a unique prompt per request index, so every engine sees the
+  (`workbench.load.workloads`), with a unique prompt per request index, so every engine sees the
   same prompts and no request reuses another's prefix.
 - One `RequestRecord` per request: scheduled arrival, sent (after the cap), first result where the
   engine reports one, done, success, error, prompt tokens and beams/candidates returned. Failures
@@ -318,7 +318,7 @@ async def run_sweep(engine, source: RequestSource, settings: SweepSettings, *, s
                     first_index: int = 0,
                     on_point: Callable[[int, PointResult], None] | None = None) -> list[PointResult]:
     """Run the rate points (fixed `settings.rates` or the adaptive grid); `on_point` sees each as it ends."""
-    from workbench.metrics import point_holds, summarize_point
+    from workbench.load.metrics import point_holds, summarize_point
 
     points: list[PointResult] = []
     history: list[tuple[float, bool]] = []

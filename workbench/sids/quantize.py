@@ -383,7 +383,7 @@ class ItemSids:
 
 def item_sids(q: ResidualQuantizer, x: np.ndarray, show_progress: bool = False) -> ItemSids:
     """Fit `q` on item vectors, encode, append the dedup digit, compute stats."""
-    from workbench.semantic_ids import add_dedup_digit
+    from workbench.sids.layout import add_dedup_digit
 
     q.fit(x, show_progress=show_progress)
     codes = q.encode(x)

@@ -53,8 +53,8 @@ class StudyInputs:
 
 
 def inputs_from_context(ctx) -> StudyInputs:
-    from workbench.embeddings import item_texts
-    from workbench.personalization import Interactions, UserEncoder
+    from workbench.sids.embeddings import item_texts
+    from workbench.study.prompts import Interactions, UserEncoder
 
     split = ctx.split
     inter = Interactions(split.train_sequences(), split.valid_items(), split.test_items(), split.n_items)
@@ -82,7 +82,7 @@ def _train_key(cfg, inp: StudyInputs, method: str, lr: float, seed: int) -> str:
 
 
 def build_prompt_builder(cfg, backbone, inp: StudyInputs, method: str):
-    from workbench.personalization import PromptBuilder, tokenize_item_texts
+    from workbench.study.prompts import PromptBuilder, tokenize_item_texts
 
     text_ids = tokenize_item_texts(backbone.tokenizer, inp.item_texts) if method == "text_history" else None
     depth = backbone.layout.item_depth
@@ -93,7 +93,7 @@ def build_prompt_builder(cfg, backbone, inp: StudyInputs, method: str):
 
 
 def new_backbone(cfg, inp: StudyInputs, seed: int):
-    from workbench.model import build_backbone
+    from workbench.model.backbone import build_backbone
 
     return build_backbone(cfg.model, inp.item_texts, inp.item_codebooks, inp.dedup_size, inp.user_codebooks, seed=seed)
 
@@ -106,8 +106,8 @@ def valid_users(cfg, inp: StudyInputs, seed: int) -> np.ndarray:
 
 def train_one(cfg, inp: StudyInputs, method: str, seed: int, lr: float, log_fn=None):
     """Train (or load from cache) one (method, seed, lr); returns a TrainResult."""
-    from workbench.personalization import eval_examples, length_stats, train_examples
-    from workbench.train import TrainResult, TrainSettings, train_model
+    from workbench.study.prompts import eval_examples, length_stats, train_examples
+    from workbench.study.train import TrainResult, TrainSettings, train_model
 
     key = _train_key(cfg, inp, method, lr, seed)
     folder = cache_dir("train", key)
@@ -159,7 +159,7 @@ def _child(ctx, name: str, tags: dict):
     from workbench import tracking
 
     if ctx.parent is None:
-        from workbench.pipeline import _NullRun
+        from workbench.study.pipeline import _NullRun
 
         return contextlib.nullcontext(_NullRun())
 
@@ -230,7 +230,7 @@ def sasrec(cfg, inp: StudyInputs, log_fn=None):
     """SASRec trained (or loaded from cache) on the train split, same max history as the prompts."""
     import torch
 
-    from workbench.baselines import SasrecSettings, _build, train_sasrec
+    from workbench.study.baselines import SasrecSettings, _build, train_sasrec
 
     st = SasrecSettings(max_len=cfg.methods.long_m, epochs=cfg.evaluation.sasrec_epochs, seed=cfg.seed)
     key = section_hash("sasrec", CACHE_FORMAT, SASREC_FORMAT, st.__dict__, inp.upstream_key)
@@ -270,8 +270,8 @@ def method_test_prompts(cfg, inp: StudyInputs, method: str, checkpoint: Path, us
     (what evaluation sends, and what a `prompts_from: test_split` load test replays)."""
     from transformers import AutoTokenizer
 
-    from workbench.checkpoint import read_meta
-    from workbench.personalization import PromptBuilder, eval_examples, tokenize_item_texts
+    from workbench.model.checkpoint import read_meta
+    from workbench.study.prompts import PromptBuilder, eval_examples, tokenize_item_texts
 
     meta = read_meta(checkpoint)
     tok = AutoTokenizer.from_pretrained(checkpoint)
@@ -290,7 +290,7 @@ class StudyError(ValueError):
 def trained_checkpoint(cfg, inp: StudyInputs, method: str, seed: int | None = None) -> Path:
     """The checkpoint `workbench run` trained for `method` (seed: the first of training.seeds; the LR of the
     grid with the best validation Recall@10, as the train stage picks it). Never trains: says how to."""
-    from workbench.train import TrainResult
+    from workbench.study.train import TrainResult
 
     seed = cfg.training.seeds[0] if seed is None else seed
     found = []
@@ -308,8 +308,8 @@ def trained_checkpoint(cfg, inp: StudyInputs, method: str, seed: int | None = No
 
 def study_test_prompts(cfg, checkpoint: Path, inp: StudyInputs | None = None):
     """The test prompts of the study `cfg` for a checkpoint it trained (its method, its test users)."""
-    from workbench.checkpoint import read_meta
-    from workbench.pipeline import prepare_context
+    from workbench.model.checkpoint import read_meta
+    from workbench.study.pipeline import prepare_context
 
     inp = inp or inputs_from_context(prepare_context(cfg))
     meta = read_meta(checkpoint)
@@ -321,8 +321,8 @@ def study_test_prompts(cfg, checkpoint: Path, inp: StudyInputs | None = None):
 
 def evaluate_method(cfg, inp: StudyInputs, method: str, res, users: np.ndarray, rerank_cands, progress=True) -> dict:
     """Metrics + per-user arrays of one trained checkpoint on the test users (cached)."""
-    from workbench.evaluate import EvalSettings, evaluate_checkpoint
-    from workbench.personalization import length_stats
+    from workbench.study.evaluate import EvalSettings, evaluate_checkpoint
+    from workbench.study.prompts import length_stats
 
     key = _eval_key(cfg, res.checkpoint, users, rerank_cands)
     folder = cache_dir("eval", key)
@@ -362,8 +362,8 @@ def evaluate_stage(ctx) -> Any:
     """Evaluate every trained (method, seed) and the baselines; log and print the comparison table."""
     import pandas as pd
 
-    from workbench.baselines import popularity_rank, sasrec_rank
-    from workbench.evaluate import Quality, paired_bootstrap
+    from workbench.study.baselines import popularity_rank, sasrec_rank
+    from workbench.study.evaluate import Quality, paired_bootstrap
 
     cfg = ctx.cfg
     _threads(cfg)

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from workbench.semantic_ids import Catalog, SidLayout
+from workbench.sids.layout import Catalog, SidLayout
 
 META_FILE = "workbench.json"
 CATALOG_FILE = "catalog.npz"
@@ -149,7 +149,7 @@ def load_projector(path, device: str = "cpu"):
         return None
     from safetensors.torch import load_file
 
-    from workbench.projector import SoftTokenProjector
+    from workbench.model.projector import SoftTokenProjector
 
     proj = SoftTokenProjector.from_config(raw["projector"])
     proj.load_state_dict(load_file(str(path / PROJECTOR_FILE)))

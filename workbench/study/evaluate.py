@@ -275,9 +275,9 @@ def evaluate_checkpoint(
 
     Returns {"beam": Quality, "exhaustive": Quality | None, "rerank": Quality | None, "metrics": {...}}.
     """
-    from workbench.checkpoint import read_meta
+    from workbench.model.checkpoint import read_meta
     from workbench.engines import registry
-    from workbench.semantic_ids import Catalog
+    from workbench.sids.layout import Catalog
 
     meta = read_meta(checkpoint)
     catalog = Catalog(np.load(f"{checkpoint}/catalog.npz")["item_codes"], meta.layout)

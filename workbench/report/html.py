@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from workbench import names
-from workbench.metrics import METRIC_NAMES
+from workbench.load.metrics import METRIC_NAMES
 
 JOIN_TAGS: tuple[str, ...] = (names.TAG_CHECKPOINT, names.TAG_ENGINE, names.TAG_MODE, names.TAG_DTYPE)
 COMPARE_TAGS: tuple[str, ...] = JOIN_TAGS + (names.TAG_WORKLOAD,)
@@ -240,7 +240,7 @@ def common_rate_p99(points, summary) -> tuple[float, dict[str, float]]:
 def figures(study: Study, quality_metric: str | None = None) -> dict[str, Any]:
     """The report's figures by title: per workload latency/throughput/cost, then the Pareto plots."""
     quality_metric = quality_metric or default_quality_metric()
-    from workbench import plots
+    from workbench.load import plots
 
     figs: dict[str, Any] = {}
     s = study.summary

@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from workbench import names
-from workbench.evaluate import per_user_metrics, ranks_of, top_k_excluding
+from workbench.study.evaluate import per_user_metrics, ranks_of, top_k_excluding
 
 
 def popularity_scores(train: Sequence[np.ndarray], n_items: int) -> np.ndarray:

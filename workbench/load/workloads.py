@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from workbench.engines.base import BeamSearchRequest, Prompt, ScoreRequest
-from workbench.semantic_ids import SidLayout
+from workbench.sids.layout import SidLayout
 
 KINDS = ("beam_search", "scoring")
 
@@ -76,7 +76,7 @@ class SyntheticWorkload:
     @classmethod
     def from_checkpoint(cls, shape: WorkloadShape, checkpoint: str | Path, soft_token: bool | None = None):
         """Read the layout/catalog of `checkpoint`; `soft_token=None` follows the checkpoint's method."""
-        from workbench.checkpoint import CATALOG_FILE, read_meta
+        from workbench.model.checkpoint import CATALOG_FILE, read_meta
 
         meta = read_meta(checkpoint)
         cat = Path(checkpoint) / CATALOG_FILE
@@ -146,7 +146,7 @@ class TestSplitWorkload(SyntheticWorkload):
 
     @classmethod
     def from_prompt_set(cls, shape: WorkloadShape, checkpoint: str | Path, prompts) -> "TestSplitWorkload":
-        from workbench.checkpoint import CATALOG_FILE, read_meta
+        from workbench.model.checkpoint import CATALOG_FILE, read_meta
 
         meta = read_meta(checkpoint)
         if prompts.method != meta.method:

@@ -1,0 +1,1 @@
+"""Single-request performance: the engine microbenchmark and the compute-floor benchmark."""

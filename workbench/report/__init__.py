@@ -1,0 +1,1 @@
+"""The standalone HTML report read back from MLflow."""
