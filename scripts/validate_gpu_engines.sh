@@ -33,7 +33,7 @@ build_env() {  # conda is the documented route; each env lives in .venvs/<name>
 CKPT=${CHECKPOINT:-}
 if [[ -z "$CKPT" ]]; then
   CKPT=$(mktemp -d)/ckpt
-  "$PY" -c "from workbench.testing import make_random_checkpoint as m; m('$CKPT', num_attention_heads=2, head_dim=32, vocab_base=10240)" || exit 1
+  "$PY" -c "from workbench.model.random_checkpoint import make_random_checkpoint as m; m('$CKPT', num_attention_heads=2, head_dim=32, vocab_base=10240)" || exit 1
 fi
 
 export WORKBENCH_TRTLLM_PYTHON=${WORKBENCH_TRTLLM_PYTHON:-$PWD/.venvs/trtllm/bin/python}

@@ -29,3 +29,31 @@ def data_dir(tmp_path, monkeypatch):
     d.mkdir()
     monkeypatch.setenv("WORKBENCH_DATA_DIR", str(d))
     return d
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch intra-op thread for the module that asks for it (the previous count is restored after it).
+
+    On a shared 2-core machine OpenMP spin-waiting makes 2 threads up to ~100x slower when a core is busy
+    elsewhere; the tiny models of the tests are as fast on one thread. Module-scoped so that module-scoped
+    fixtures (training, sweeps) can depend on it too.
+    """
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def bench_checkpoint(tmp_path_factory):
+    """A tiny random checkpoint for load sweeps and reports: 60 items with 4x4 SIDs, no soft-token projector.
+
+    Session-scoped: it is only read (tests that write next to a checkpoint build their own).
+    """
+    from workbench.testing import make_random_checkpoint
+
+    return make_random_checkpoint(tmp_path_factory.mktemp("bench_ckpt") / "tiny", hidden_size=32, n_items=60,
+                                  levels=(4, 4), vocab_base=120, soft_token=False, max_position_embeddings=256)

@@ -18,41 +18,21 @@ from workbench.load.bench import run_bench
 from workbench.config import parse_config
 from workbench.engines.base import BeamSearchResult
 
-pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    from workbench.testing import make_random_checkpoint
-
-    return make_random_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", hidden_size=32, n_items=60,
-                                  levels=(4, 4), vocab_base=120, soft_token=False, max_position_embeddings=256)
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """One intra-op thread: on a shared 2-core machine, OpenMP spin-waiting makes 2 threads ~100x slower."""
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("one_torch_thread")]
 
 
 @pytest.fixture
-def store(tmp_path, monkeypatch):
+def store(tmp_path, monkeypatch, mlflow_store, data_dir):
+    """A client of the test's temporary MLflow store (conftest); the working folder is tmp too."""
     monkeypatch.chdir(tmp_path)  # MLflow's default artifact root (./mlruns) lands in tmp too
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    monkeypatch.setenv("WORKBENCH_DATA_DIR", str(tmp_path / "data"))
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    return MlflowClient(mlflow_store)
 
 
 def config(checkpoint, engines, workload="beam_search", **load):
     return parse_config({
-        "name": "bench_test", "dataset": {"name": "ml-100k"}, "engines": engines,
+        "name": "bench_test", "engines": engines,
         "tracking": {"experiment": "bench_test"},
         "load": {"workload": workload, "checkpoints": [str(checkpoint)], "prompt_tokens": 24, "beam_width": 4,
                  "max_new_tokens": 3, "candidates": 12, "candidate_tokens": 3, "rates": [4.0, 12.0],
@@ -66,8 +46,8 @@ def _csv(client, run_id, path):
     return list(csv.DictReader(io.StringIO(open(local).read())))
 
 
-def test_sweep_torch_engine_logged(checkpoint, store):
-    res = run_bench(config(checkpoint, [{"name": "torch"}]), progress=False)
+def test_sweep_torch_engine_logged(bench_checkpoint, store):
+    res = run_bench(config(bench_checkpoint, [{"name": "torch"}]), progress=False)
     (child,) = res.children
     assert child.error is None, child.error
     assert [p.offered_qps for p in child.points] == [4.0, 12.0]
@@ -81,7 +61,7 @@ def test_sweep_torch_engine_logged(checkpoint, store):
     t, m = run.data.tags, run.data.metrics
     assert run.info.status == "FINISHED"
     assert t[names.TAG_ENGINE] == "torch" and t[names.TAG_MODE] == "unconstrained" and t[names.TAG_DTYPE] == "float32"
-    assert t[names.TAG_WORKLOAD] == "beam_search/p24/b4/n3/u" and t[names.TAG_CHECKPOINT] == str(checkpoint)
+    assert t[names.TAG_WORKLOAD] == "beam_search/p24/b4/n3/u" and t[names.TAG_CHECKPOINT] == str(bench_checkpoint)
     assert t["mlflow.parentRunId"] == res.parent_run_id
     hist = store.get_metric_history(child.run_id, names.OFFERED_RATE)
     assert sorted((h.step, h.value) for h in hist) == [(0, 4.0), (1, 12.0)]
@@ -125,7 +105,7 @@ class FlakyEngine:
 
 
 @pytest.mark.parametrize("workload", ["beam_search", "scoring"])
-def test_failing_engine_counted_and_logged(checkpoint, store, workload):
+def test_failing_engine_counted_and_logged(bench_checkpoint, store, workload):
     from workbench.engines.registry import create_engine
 
     def factory(entry, ckpt):
@@ -133,7 +113,7 @@ def test_failing_engine_counted_and_logged(checkpoint, store, workload):
             return create_engine("sglang", checkpoint=ckpt)
         return FlakyEngine(create_engine("torch", checkpoint=ckpt), k=4)
 
-    cfg = config(checkpoint, [{"name": "torch", "label": "flaky"}, {"name": "sglang"}], workload=workload,
+    cfg = config(bench_checkpoint, [{"name": "torch", "label": "flaky"}, {"name": "sglang"}], workload=workload,
                  slo_ms=60000, warmup_requests=0, unloaded_requests=3)  # fmt: skip
     res = run_bench(cfg, engine_factory=factory, progress=False)
     flaky, sglang = res.children
@@ -159,9 +139,9 @@ def test_failing_engine_counted_and_logged(checkpoint, store, workload):
     assert store.get_run(res.parent_run_id).info.status == "FINISHED"
 
 
-def test_sweep_over_http_workbench_serve(checkpoint, store):
+def test_sweep_over_http_workbench_serve(bench_checkpoint, store):
     """The torch engine behind `workbench serve`, driven by the HTTP client: measured like external engines."""
-    cfg = config(checkpoint, [{"name": "torch", "transport": "http", "threads": 1}], rates=[6.0],
+    cfg = config(bench_checkpoint, [{"name": "torch", "transport": "http", "threads": 1}], rates=[6.0],
                  requests_per_rate=12)  # fmt: skip
     res = run_bench(cfg, progress=False)
     (child,) = res.children

@@ -31,15 +31,12 @@ def _study_yaml() -> dict:
 
 
 @pytest.fixture
-def trained_study(tmp_path, data_dir, mlflow_store):
+def trained_study(tmp_path, data_dir, mlflow_store, one_torch_thread):
     if importlib.util.find_spec("recbole") is None:
         pytest.skip("MovieLens-100K ships in the recbole wheel: pip install --no-deps recbole==1.2.1")
-    import torch
-
     from workbench.config import load_config
     from workbench.study.pipeline import run_experiment
 
-    torch.set_num_threads(1)
     path = tmp_path / "bench_study.yaml"
     path.write_text(yaml.safe_dump(_study_yaml()))
     run_experiment(load_config(path), path)
@@ -53,7 +50,7 @@ def test_test_split_load_on_trained_checkpoints_joins_quality(trained_study, tmp
     from workbench.report.html import collect_study, default_quality_metric
 
     cfg = parse_config({
-        "name": "bench_on_study", "dataset": {"name": "ml-100k"}, "engines": [{"name": "torch"}],
+        "name": "bench_on_study", "engines": [{"name": "torch"}],
         "load": {"workload": "personalization", "study": str(trained_study), "prompts_from": "test_split",
                  "checkpoints": ["trained:soft_token", "trained:none"], "beam_width": 30, "max_new_tokens": 3,
                  "constrained": True, "rates": [4.0], "requests_per_rate": 12, "warmup_requests": 2,
@@ -103,7 +100,7 @@ def test_test_split_needs_a_study_and_a_trained_method(trained_study):
     from workbench.config import ConfigError, parse_config
     from workbench.study.stages import StudyError
 
-    base = {"name": "x", "dataset": {"name": "ml-100k"},
+    base = {"name": "x",
             "load": {"workload": "personalization", "prompts_from": "test_split", "checkpoints": ["trained:none"]}}
     with pytest.raises(ConfigError, match="needs load.study"):
         parse_config(base)

@@ -14,28 +14,37 @@ from workbench.perf.microbench import main as microbench_main
 from workbench.testing import make_random_checkpoint
 
 
+# The checkpoint below: hidden 64, 2 layers, 2 query heads of 32, 1 KV head of 32, MLP 192 (3 x hidden).
+HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, MLP = 64, 2, 2, 1, 32, 192
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     return make_random_checkpoint(tmp_path_factory.mktemp("floor") / "ck", levels=(8, 8, 8, 8), vocab_base=1000,
-                                  hidden_size=64, num_layers=2, num_attention_heads=2, num_key_value_heads=1)
+                                  hidden_size=HIDDEN, num_layers=LAYERS, num_attention_heads=HEADS,
+                                  num_key_value_heads=KV_HEADS)
 
 
-def test_flops_by_phase_add_up(checkpoint):
+def test_flops_by_phase_match_hand_counts(checkpoint):
+    """FLOPs by phase against numbers derived by hand from the config, not from the engine's own formula."""
     eng = create_engine("torch", checkpoint)
     try:
-        lm = eng.lm
-        P, B, T = 64, 6, 5
-        fl = flops(lm, P, B, T)
+        fl = flops(eng.lm, prompt_len=64, beam=6, new_tokens=5)
     finally:
         eng.shutdown()
-    w = lm.flops_per_token(0)
-    assert fl["prefill_gemm"] == pytest.approx(w * P)
-    assert fl["decode_gemm"] == pytest.approx(w * B * (T - 1))
-    # attention: 4 * layers * heads * head_dim FLOPs per (query, key) pair; causal prefill sees half the square
-    per_pair = 4 * len(lm.layers) * lm.n_heads * lm.head_dim
-    assert fl["prefill_attention"] == pytest.approx(per_pair * P * P / 2)
-    assert fl["decode_attention"] == pytest.approx(per_pair * B * sum(P + t for t in range(1, T)))
-    assert fl["lm_head"] == pytest.approx(2 * lm.lm_head.numel() * (1 + B * (T - 1)))
+    vocab = json.loads((checkpoint / "config.json").read_text())["vocab_size"]  # the HF config's, with SID tokens
+    # Matmul weights per layer: q 64x64 + k 64x32 + v 64x32 + o 64x64 = 12,288; gate, up, down 3 x 64x192 = 36,864.
+    # 2 layers: 98,304 weights, 2 FLOPs each (multiply + add) = 196,608 FLOPs per token.
+    assert HIDDEN * HEADS * HEAD_DIM * 2 + HIDDEN * KV_HEADS * HEAD_DIM * 2 + 3 * HIDDEN * MLP == 49_152
+    per_token = 196_608
+    assert fl["prefill_gemm"] == pytest.approx(per_token * 64)  # 12,582,912: every prompt token
+    assert fl["decode_gemm"] == pytest.approx(per_token * 6 * 4)  # 4,718,592: 6 beams x 4 decode steps
+    # Attention per (query, key) pair: q.k and p.v, 2 x 32 FLOPs each, per head per layer: 4 x 2 x 2 x 32 = 512.
+    # Causal prefill: half of the 64 x 64 square = 2,048 pairs; decode step t: 6 beams over 64 + t keys.
+    assert fl["prefill_attention"] == pytest.approx(512 * 2_048)  # 1,048,576
+    assert fl["decode_attention"] == pytest.approx(512 * 6 * (65 + 66 + 67 + 68))  # 817,152
+    # lm_head: a 64 x vocab GEMM for the prompt's last row, then for 6 beams at each of 4 decode steps.
+    assert fl["lm_head"] == pytest.approx(2 * 64 * vocab * (1 + 6 * 4))
 
 
 def test_floor_table_runs_on_a_real_engine(checkpoint, capsys):

@@ -24,16 +24,13 @@ def test_notebook_01_runs(tmp_path, data_dir, mlflow_store):
         str(NOTEBOOK),
         str(out),
         parameters={
-            "dataset": "ml-100k",
-            "kind": "rq_kmeans",
-            "also_fit": ["rq_vae"],
-            "item_vectors": "text",
-            "levels": 2,
-            "codebook_size": 16,
-            "vae_epochs": 3,
-            "user_levels": 2,
-            "user_codebook_size": 4,
-            "als_factors": 8,
+            "experiment": "experiments/quickstart.yaml",  # ml-100k
+            "overrides": {
+                "embeddings": {"als_factors": 8},
+                "semantic_ids": {"kind": "rq_kmeans", "also_fit": ["rq_vae"], "item_vectors": "text", "levels": 2,
+                                 "codebook_size": 16, "vae_epochs": 3},
+                "user_sids": {"levels": 2, "codebook_size": 4},
+            },
             "stats_path": str(stats_path),
         },
         kernel_name="python3",

@@ -8,10 +8,10 @@ two methods, one short epoch, a small test sample. The notebook goes through the
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
+from workbench import names
 from workbench.paths import REPO_ROOT
 
 NB = REPO_ROOT / "notebooks" / "02_personalization_quality.ipynb"
@@ -28,13 +28,27 @@ def test_notebook_02_runs_and_records(tmp_path, data_dir, mlflow_store):
     out = tmp_path / "record.json"
     from workbench.testing import TINY_STUDY_OVERRIDES as overrides
 
-    env = dict(os.environ)
     pm.execute_notebook(
         str(NB), str(tmp_path / "out.ipynb"), kernel_name="python3", cwd=str(REPO_ROOT), progress_bar=False,
         parameters={"experiment": "experiments/quickstart.yaml", "overrides": overrides, "results_json": str(out)},
     )
-    assert env == dict(os.environ)
     rec = json.loads(out.read_text())
+    # The kernel (a subprocess, run in the repo root) inherited the test's isolated stores from the
+    # environment: its runs are in the temporary MLflow store and its caches in the temporary data
+    # folder, not in the repo's mlruns/ and data/.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(mlflow_store)
+    exp = client.get_experiment_by_name(rec["experiment"])
+    assert exp is not None, f"no {rec['experiment']!r} experiment in the test's MLflow store {mlflow_store}"
+    runs = client.search_runs([exp.experiment_id], max_results=100)
+    (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert parent.info.status == "FINISHED"
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    stages = {r.data.tags.get(names.TAG_STAGE) for r in children}
+    assert {"data", "embeddings", "semantic_ids", "train", "evaluate"} <= stages
+    cached = {p.name for p in (data_dir / "cache").glob("*")}
+    assert cached >= {"data", "semantic_ids", "train"}, f"stage caches in the test's data folder: {sorted(cached)}"
     assert rec["methods"] == ["none", "soft_token"] and rec["test_users"] == 30
     assert set(rec["recall@10"]) == {"none", "soft_token", "popularity", "sasrec"}
     assert all(0.0 <= v <= 1.0 for v in rec["recall@10"].values())

@@ -121,7 +121,7 @@ def test_resolve_stages_and_untracked_prepare(data_dir, monkeypatch):
     from workbench.study import pipeline
 
     assert pipeline.resolve_stages(["semantic_ids"]) == ["data", "embeddings", "semantic_ids"]
-    assert pipeline.resolve_stages(["evaluate", "data"]) == ["data", "embeddings", "semantic_ids", "evaluate"]
+    assert pipeline.resolve_stages(["evaluate", "data"]) == ["data", "embeddings", "semantic_ids", "train", "evaluate"]
     with pytest.raises(ValueError, match="valid stages"):
         pipeline.resolve_stages(["quantize"])
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////nonexistent/dir/should-not-be-used.db")

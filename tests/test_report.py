@@ -17,32 +17,18 @@ pytestmark = pytest.mark.timeout(300)
 RECALL10 = report.default_quality_metric()  # "quality/recall_at_10": MLflow refuses '@'
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # OpenMP spin-waiting on a shared 2-core machine is ~100x slower with 2
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
-def study(tmp_path_factory):
+def study(tmp_path_factory, bench_checkpoint, one_torch_thread):
     with pytest.MonkeyPatch.context() as mp:
-        yield from _study(tmp_path_factory.mktemp("report"), mp)
+        yield from _study(tmp_path_factory.mktemp("report"), mp, bench_checkpoint)
 
 
-def _study(tmp_path, monkeypatch):
-    from workbench.testing import make_random_checkpoint
-
+def _study(tmp_path, monkeypatch, ckpt):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.setenv("WORKBENCH_DATA_DIR", str(tmp_path / "data"))
-    ckpt = make_random_checkpoint(tmp_path / "ckpt", hidden_size=32, n_items=60, levels=(4, 4), vocab_base=120,
-                                  soft_token=False, max_position_embeddings=256)  # fmt: skip
     cfg = parse_config({
-        "name": "report_test", "dataset": {"name": "ml-100k"}, "tracking": {"experiment": "report_test"},
+        "name": "report_test", "tracking": {"experiment": "report_test"},
         "engines": [{"name": "torch"}, {"name": "hf"}],
         "load": {"workload": "beam_search", "checkpoints": [str(ckpt)], "prompt_tokens": 16, "beam_width": 4,
                  "max_new_tokens": 3, "rates": [3.0, 9.0], "requests_per_rate": 12, "warmup_requests": 1,
@@ -56,7 +42,7 @@ def _study(tmp_path, monkeypatch):
     # quality measured on the torch engine in float32: joins the torch load run
     with start_run("evaluate/torch", experiment="report_test", tags={**base, names.TAG_ENGINE: "torch",
                                                                       names.TAG_DTYPE: "float32"}) as h:
-        h.log_metrics({RECALL10: 0.25, report.mlflow_metric_name(names.ndcg_at(10)): 0.12})
+        h.log_metrics({RECALL10: 0.25, names.metric_name(names.ndcg_at(10)): 0.12})
     # quality of the hf engine but in bfloat16: must NOT join the float32 hf load run
     with start_run("evaluate/hf-bf16", experiment="report_test", tags={**base, names.TAG_ENGINE: "hf",
                                                                         names.TAG_DTYPE: "bfloat16"}) as h:
@@ -112,7 +98,7 @@ def test_unknown_experiment_says_which_exist(study):
 def test_latest_reads_only_the_most_recent_sweep(study):
     _, ckpt, _ = study
     cfg = parse_config({
-        "name": "latest", "dataset": {"name": "ml-100k"}, "tracking": {"experiment": "report_latest"},
+        "name": "latest", "tracking": {"experiment": "report_latest"},
         "engines": [{"name": "torch"}],
         "load": {"workload": "beam_search", "checkpoints": [str(ckpt)], "prompt_tokens": 16, "beam_width": 4,
                  "max_new_tokens": 3, "rates": [3.0], "requests_per_rate": 6, "warmup_requests": 1,

@@ -106,17 +106,16 @@ def synthetic():
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """Train `none` and `soft_token` on the synthetic catalog (shared by the tests below)."""
+def trained(tmp_path_factory, one_torch_thread):
+    """Train `none` and `soft_token` on the synthetic catalog (shared by the tests below).
+
+    On one torch thread (conftest): a tiny model is as fast and does not fight the other tests for cores.
+    """
     from workbench.config import ModelConfig
     from workbench.model.backbone import build_backbone
     from workbench.study.prompts import PromptBuilder, eval_examples, tokenize_item_texts, train_examples
     from workbench.study.train import TrainSettings, train_model
 
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny model: one thread is as fast and does not fight the other tests for cores
     data, codes, enc, texts = synthetic()
     cfg = ModelConfig(hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=32, intermediate_size=128,
                       max_position_embeddings=128, bpe_vocab_size=300)
@@ -131,8 +130,7 @@ def trained(tmp_path_factory):
         st = TrainSettings(epochs=4, batch_size=32, lr=5e-3, patience=4, seed=0, progress=False, warmup_ratio=0.1)
         res = train_model(bb, tr, va, codes, tmp_path_factory.mktemp(method), st)
         out[method] = (res, te)
-    yield data, codes, out
-    torch.set_num_threads(threads)
+    return data, codes, out
 
 
 def test_tiny_train_and_evaluate_beats_popularity(trained):
@@ -255,9 +253,9 @@ def test_eval_runs_carry_the_report_join_tags(tmp_path):
 def test_eval_cache_key_follows_rerank_candidates(tmp_path):
     """A retrained SASRec (other top-100) must not reuse a cached re-rank evaluation."""
     from workbench.study import stages as study
-    from workbench.config import ExperimentConfig
+    from workbench.config import StudyConfig
 
-    cfg = ExperimentConfig(name="k", dataset={"name": "ml-100k"})
+    cfg = StudyConfig(name="k", dataset={"name": "ml-100k"})
     users = np.arange(3)
     a = study._eval_key(cfg, tmp_path, users, [[1, 2], [3], [4]])
     assert a == study._eval_key(cfg, tmp_path, users, [[1, 2], [3], [4]])

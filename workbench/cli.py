@@ -12,13 +12,17 @@ from pathlib import Path
 
 
 def _cmd_validate(args) -> int:
-    from workbench.config import ConfigError, load_config
+    from workbench.config import ConfigError, StudyConfig, load_config
 
     ok = True
     for f in args.files:
         try:
             cfg = load_config(f)
-            print(f"ok: {f} (experiment {cfg.name!r}, dataset {cfg.dataset.name}, stages {', '.join(cfg.stages)})")
+            if isinstance(cfg, StudyConfig):
+                what = f"dataset {cfg.dataset.name}, stages {', '.join(cfg.stages)}; run: workbench run {f}"
+            else:
+                what = f"{cfg.load.workload} on {', '.join(e.label or e.name for e in cfg.engines)}; run: workbench bench {f}"
+            print(f"ok: {f} ({type(cfg).__name__} {cfg.name!r}: {what})")
         except ConfigError as e:
             ok = False
             print(e, file=sys.stderr)
@@ -26,12 +30,12 @@ def _cmd_validate(args) -> int:
 
 
 def _cmd_run(args) -> int:
-    from workbench.config import load_config
+    from workbench.config import load_study
     from workbench.study.pipeline import run_experiment
 
     # --methods narrows methods.run: trained models are cached per method (the key ignores the list), so two
     # processes can train disjoint methods side by side and a plain run afterwards reuses both
-    cfg = load_config(args.file, overrides={"methods": {"run": args.methods}} if args.methods else None)
+    cfg = load_study(args.file, overrides={"methods": {"run": args.methods}} if args.methods else None)
     run_experiment(cfg, experiment_file=args.file, stages=args.stages)
     return 0
 
@@ -56,10 +60,10 @@ def _cmd_microbench(args) -> int:
 
 
 def _cmd_bench(args) -> int:
+    from workbench.config import load_sweep
     from workbench.load.bench import run_bench
-    from workbench.config import load_config
 
-    run_bench(load_config(args.file), experiment_file=args.file)
+    run_bench(load_sweep(args.file), experiment_file=args.file)
     return 0
 
 
@@ -96,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("files", nargs="+")
     s.set_defaults(func=_cmd_validate)
 
-    s = sub.add_parser("run", help="run an experiment's stages (data, embeddings, SIDs, train, evaluate)")
+    s = sub.add_parser("run", help="run a study file's stages (data, embeddings, SIDs, train, evaluate)")
     s.add_argument("file")
     s.add_argument("--stages", nargs="*", default=None, help="run only these stages (default: the config's)")
     s.add_argument("--methods", nargs="+", default=None,
@@ -115,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("rest", nargs=argparse.REMAINDER)
     s.set_defaults(func=_cmd_microbench)
 
-    s = sub.add_parser("bench", help="load sweep (latency vs QPS, saturation, cost) from a YAML file")
+    s = sub.add_parser("bench", help="run a load-sweep file (latency vs QPS, saturation, cost)")
     s.add_argument("file")
     s.set_defaults(func=_cmd_bench)
 

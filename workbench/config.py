@@ -1,12 +1,20 @@
 """Experiment configs: pydantic models for `experiments/*.yaml`, loaded and validated up front.
 
+Two kinds of experiment file, each its own model:
+- a **study** (`StudyConfig`, run with `workbench run FILE`): dataset, split, embeddings,
+  semantic_ids, user_sids, model, training, methods, evaluation, tracking, stages;
+- a **load sweep** (`SweepConfig`, run with `workbench bench FILE`): engines, load, cost,
+  tracking. A file with a `load:` section is a sweep; any other file is a study. Running a file
+  with the other kind's command is a clear error.
+
+`base: other.yaml` (a path relative to the file) makes a file that other file plus its own keys
+(deep-merged, its keys win), so variants of an experiment are a few lines and share its caches.
+
 Every section forbids unknown keys, so a typo fails before any work, with the key path and the
 valid choices in the message (`workbench validate FILE` runs only this). Stages read their own
 section; `section_hash` keys each stage's cache under `data/` by the config that produced it
 (plus the hashes of the stages it depends on), so a changed knob never reuses a stale cache.
-
-Sections: dataset, split, embeddings, semantic_ids, user_sids, model, training, methods,
-evaluation, engines, load, cost, tracking. Later capabilities add fields to their own section.
+The MLflow experiment of a run is `tracking.experiment`, else the file's `name`.
 """
 
 from __future__ import annotations
@@ -20,9 +28,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from workbench import names
 
-DatasetName = Literal["ml-100k", "ml-1m"]
-MethodName = Literal["none", "none_long", "text_history", "user_sid", "soft_token"]
-EngineName = Literal["torch", "hf", "vllm", "sglang", "trtllm"]
+DatasetName = Literal[names.DATASETS]
+MethodName = Literal[names.METHODS]
+EngineName = Literal[names.ENGINES]
+StageName = Literal[names.STAGES]
 
 
 class Section(BaseModel):
@@ -183,9 +192,9 @@ class LoadConfig(Section):
     # the experiment YAML that trained the checkpoints: needed by prompts_from test_split and `trained:<method>`
     study: str | None = None
     seed: int = 0
-    # checkpoint dirs, or random:small | random:25m (random weights, real format; cached under data/)
+    # checkpoint dirs, or random:0.1m | random:2.4m | random:25m (random weights, real format; cached under data/)
     # `trained:<method>` = that method's checkpoint trained by `study` (seed 0, best LR on validation)
-    checkpoints: tuple[str, ...] = ("random:small",)
+    checkpoints: tuple[str, ...] = ("random:0.1m",)
     unloaded_requests: int = Field(10, ge=1)  # sent one at a time: the unloaded p50 behind the default SLO
     slo_multiple: float = Field(5.0, gt=1)  # default SLO = this x the reference engine's unloaded p50
     grid_factor: float = Field(2.0, gt=1)  # adaptive grid growth while every point holds the SLO
@@ -217,7 +226,9 @@ class TrackingConfig(Section):
     experiment: str | None = None  # MLflow experiment name (default: the YAML file's stem)
 
 
-class ExperimentConfig(Section):
+class StudyConfig(Section):
+    """A study: data -> Semantic IDs -> train -> evaluate (`workbench run FILE`)."""
+
     name: str
     seed: int = 0
     dataset: DatasetConfig
@@ -229,16 +240,32 @@ class ExperimentConfig(Section):
     training: TrainingConfig = TrainingConfig()
     methods: MethodsConfig = MethodsConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    # which stages `workbench run` executes, in order (with what they depend on)
+    stages: tuple[StageName, ...] = ("data", "embeddings", "semantic_ids")
+
+    @property
+    def experiment_name(self) -> str:
+        return self.tracking.experiment or self.name
+
+
+class SweepConfig(Section):
+    """A load sweep: engines x checkpoints x workload -> latency, saturation, cost (`workbench bench FILE`)."""
+
+    name: str
     engines: tuple[EngineEntry, ...] = (EngineEntry(name="torch"),)
-    load: LoadConfig | None = None
+    load: LoadConfig
     cost: CostConfig = CostConfig()
     tracking: TrackingConfig = TrackingConfig()
-    # which stages `workbench run` executes, in order
-    stages: tuple[Literal["data", "embeddings", "semantic_ids", "train", "evaluate"], ...] = (
-        "data",
-        "embeddings",
-        "semantic_ids",
-    )
+
+    @property
+    def experiment_name(self) -> str:
+        return self.tracking.experiment or self.name
+
+
+ExperimentConfig = StudyConfig | SweepConfig
+KINDS = {"study": StudyConfig, "sweep": SweepConfig}
+COMMAND = {"study": "workbench run", "sweep": "workbench bench"}
 
 
 class ConfigError(ValueError):
@@ -258,26 +285,71 @@ def _format_errors(err: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def parse_config(data: dict, source: str = "<dict>") -> ExperimentConfig:
+def kind_of(data: dict) -> str:
+    """"sweep" for a file with a `load:` section, else "study"."""
+    return "sweep" if "load" in data else "study"
+
+
+def parse_config(data: dict, source: str = "<dict>", kind: str | None = None) -> ExperimentConfig:
+    """Validate a config mapping; `kind` ("study" | "sweep") refuses a file of the other kind."""
     if not isinstance(data, dict):
         raise ConfigError(f"invalid experiment config {source}: top level must be a mapping, got {type(data).__name__}")
+    if "base" in data:
+        raise ConfigError(f"invalid experiment config {source}: `base:` is resolved by load_config (a file path)")
+    found = kind_of(data)
+    if kind is not None and found != kind:
+        why = "it has a `load:` section" if found == "sweep" else "it has no `load:` section"
+        raise ConfigError(f"{source} is a {found} file ({why}), not a {kind} file: run it with "
+                          f"`{COMMAND[found]} {source}`")
     try:
-        return ExperimentConfig.model_validate(data)
+        return KINDS[found].model_validate(data)
     except ValidationError as err:
         raise ConfigError(_format_errors(err, source)) from None
 
 
-def load_config(path: str | Path, overrides: dict | None = None) -> ExperimentConfig:
-    """Read and validate a YAML experiment file; `overrides` are deep-merged on top (tests, notebooks)."""
+def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
+    """A YAML experiment file as a mapping, with its `base:` chain merged in (the file's keys win)."""
     import yaml
 
-    path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"experiment config {path} does not exist")
-    data = yaml.safe_load(path.read_text()) or {}
+    path = Path(path).resolve()
+    if path in _seen:
+        chain = " -> ".join(str(p) for p in (*_seen, path))
+        raise ConfigError(f"experiment config `base:` chain loops: {chain}")
+    if not path.is_file():
+        what = "is a directory" if path.is_dir() else "does not exist"
+        raise ConfigError(f"experiment config {path} {what}" + (f" (the `base:` of {_seen[-1]})" if _seen else ""))
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"experiment config {path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"experiment config {path} is not valid YAML:\n{err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"invalid experiment config {path}: top level must be a mapping, got {type(data).__name__}")
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise ConfigError(f"invalid experiment config {path}: `base` must be a file path, got {base!r}")
+    parent = read_yaml(path.parent / base, (*_seen, path))
+    return deep_merge(parent, data)
+
+
+def load_config(path: str | Path, overrides: dict | None = None, kind: str | None = None) -> ExperimentConfig:
+    """Read and validate a YAML experiment file (`base:` resolved); `overrides` are deep-merged on top
+    (tests, notebooks); `kind` ("study" | "sweep") refuses a file of the other kind."""
+    data = read_yaml(path)
     if overrides:
         data = deep_merge(data, overrides)
-    return parse_config(data, str(path))
+    return parse_config(data, str(path), kind)
+
+
+def load_study(path: str | Path, overrides: dict | None = None) -> StudyConfig:
+    return load_config(path, overrides, "study")
+
+
+def load_sweep(path: str | Path, overrides: dict | None = None) -> SweepConfig:
+    return load_config(path, overrides, "sweep")
 
 
 def deep_merge(base: dict, over: dict) -> dict:
@@ -288,6 +360,22 @@ def deep_merge(base: dict, over: dict) -> dict:
         else:
             out[k] = v
     return out
+
+
+def settings_from(cls, *sections: BaseModel, **extra: Any):
+    """A settings dataclass `cls` built from config sections: every field of `cls` that a section
+    has is copied (later sections win), `extra` sets the rest. The one way a stage turns its config
+    section into the plain settings object its library code takes (no field-by-field copies)."""
+    import dataclasses
+
+    wanted = {f.name for f in dataclasses.fields(cls)}
+    values: dict[str, Any] = {}
+    for sec in sections:
+        values.update({k: getattr(sec, k) for k in type(sec).model_fields if k in wanted})
+    unknown = set(extra) - wanted
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no field(s) {sorted(unknown)}")
+    return cls(**{**values, **extra})
 
 
 def section_hash(*parts: Any) -> str:

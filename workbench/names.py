@@ -21,6 +21,10 @@ RAW_ITEM = "raw_item_id"
 METHODS = ("none", "none_long", "text_history", "user_sid", "soft_token")
 ENGINES = ("torch", "hf", "vllm", "sglang", "trtllm")
 DATASETS = ("ml-100k", "ml-1m")
+# study stages in pipeline order; load-sweep runs carry the last two as their stage tag
+STAGES = ("data", "embeddings", "semantic_ids", "train", "evaluate")
+STAGE_LOAD = "load"  # one child run per engine x checkpoint of a sweep
+STAGE_LOAD_SWEEP = "load_sweep"  # the sweep's parent run
 
 # ---- quality metrics ------------------------------------------------------------------------
 KS = (5, 10, 30)
@@ -41,6 +45,12 @@ def metric_name(name: str) -> str:
     """A name MLflow accepts: "valid/recall@10" -> "valid/recall_at_10"."""
     return name.replace("@", "_at_")
 
+
+# training curves (one spelling each, also the keys of TrainResult.history rows)
+TRAIN_LOSS = "train/loss"
+TRAIN_EPOCH_LOSS = "train/epoch_loss"
+VALID_RECALL10 = "valid/recall_at_10"
+BEST_VALID_RECALL10 = "train/best_valid_recall_at_10"
 
 SID_VALIDITY = "quality/sid_validity"
 COVERAGE = "quality/coverage"
@@ -87,3 +97,16 @@ TAG_DATASET = "workbench.dataset"
 TAG_CONFIG_HASH = "workbench.config_hash"
 TAG_GIT_COMMIT = "workbench.git_commit"
 TAG_EXPERIMENT_FILE = "workbench.experiment_file"
+TAG_ERROR = "workbench.error"
+TAG_SEED = "workbench.seed"
+TAG_LR = "workbench.lr"
+TAG_CACHE_HIT = "workbench.cache_hit"
+TAG_STAGES = "workbench.stages"
+TAG_SID_KIND = "workbench.sid_kind"
+TAG_SID_VERSION = "workbench.sid_version"
+TAG_BACKBONE = "workbench.backbone"
+TAG_SERIES = "workbench.series"  # what tells a sweep's series apart in figures (engine, label, dtype, ...)
+TAG_TRANSPORT = "workbench.transport"
+TAG_PROMPTS_FROM = "workbench.prompts_from"
+TAG_SLO_SOURCE = "workbench.slo_source"
+TAG_SATURATED = "workbench.saturated_within_slo"

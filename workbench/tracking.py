@@ -185,7 +185,7 @@ def start_run(
     except BaseException as e:  # KeyboardInterrupt too: mark it, keep what was logged
         status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
         with contextlib.suppress(Exception):
-            client.set_tag(rid, "workbench.error", f"{type(e).__name__}: {e}"[:5000])
+            client.set_tag(rid, names.TAG_ERROR, f"{type(e).__name__}: {e}"[:5000])
             client.log_text(rid, traceback.format_exc(), "error.txt")
         with contextlib.suppress(Exception):
             client.set_terminated(rid, status=status)

@@ -22,10 +22,15 @@ from typing import Any, Sequence
 from workbench.engines.base import (
     Beam,
     BeamSearchRequest,
+    BeamSearchResult,
     EngineUnavailable,
     Limits,
     RequestError,
+    ScoreRequest,
+    ScoreResult,
+    Timings,
     validate_beam_request,
+    validate_score_request,
 )
 
 
@@ -128,19 +133,35 @@ MAX_LOGPROB_TOKEN_IDS = 128  # vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS in vLL
 KEEPALIVE_EXPIRY_S = 2.0
 
 
-def _token_key(k: str) -> int:
-    # `return_tokens_as_token_ids` keys look like "token_id:123"
-    return int(k.rsplit(":", 1)[-1])
+def token_id_of(key: str) -> int:
+    """Token id of a `return_tokens_as_token_ids` log-prob key ("token_id:123" -> 123)."""
+    return int(key.rsplit(":", 1)[-1])
 
 
 class HTTPEngineBase:
-    """Common plumbing; subclasses set `name`, build request bodies and parse answers.
+    """Common plumbing; subclasses set the class attributes below, build request bodies and parse answers.
 
-    A subclass that uses `_beam_emulated` implements `_next_logprobs(request, prefix, allowed, k)`:
-    raw next-token log-probs after prompt+prefix, for the `allowed` ids or the top `k`.
+    Every subclass implements `_beams(request) -> [Beam]` and `_scores(request) -> scores` for one
+    request each; `beam_search` and `score` run them concurrently, wrap each in its result with
+    timings, and record any failure in that result (never raised). A subclass that uses
+    `_beam_emulated` implements `_next_logprobs(request, prefix, allowed, k)`: raw next-token log-probs
+    after prompt+prefix, for the `allowed` ids or the top `k`.
     """
 
     name = "http"
+    server_key = ""  # launcher's name for the server (`find_executable`, `HOW_TO_BUILD`, `server_spec`)
+    missing_hint = ""  # check_available's first words when the server environment is absent
+    server_label = ""  # what check_available reports as found, e.g. "trtllm-serve"
+    served_model_name: str | None = None  # the name a launched server serves; None: ask /v1/models
+
+    @classmethod
+    def check_available(cls) -> tuple[bool, str]:
+        from workbench.engines import launcher
+
+        exe = launcher.find_executable(cls.server_key)
+        if exe is None:
+            return False, f"{cls.missing_hint}; {launcher.HOW_TO_BUILD[cls.server_key]}"
+        return True, f"{cls.server_label} from {exe}"
 
     def _init_common(self, checkpoint, dtype: str, url: str | None, request_timeout_s: float, max_concurrency: int,
                      limit_kw: dict) -> None:
@@ -160,18 +181,56 @@ class HTTPEngineBase:
         self._trie = None
         self._catalog = None
 
-    def _launch(self, spec, log_path=None) -> None:
+    def _launch_or_connect(self, url: str | None, server_options: dict | None, log_path=None) -> bool:
+        """Launch this engine's server (`server_key`) unless `url` names a running one; True if launched."""
+        if url is not None:
+            return False
+        from workbench.engines import launcher
+
+        spec = launcher.server_spec(self.server_key, self.checkpoint, self.dtype, **(server_options or {}))
+        self.server = self._start_server(spec, log_path)
+        self.url = self.server.url
+        self.model_name = self.served_model_name
+        return True
+
+    def _start_server(self, spec, log_path=None):
+        """Start `spec` on this engine's exit stack (stopped by `close`); a failed start stops the others."""
         from workbench.engines import launcher
 
         try:
-            self.server = self._stack.enter_context(launcher.launch(spec, log_path=log_path))
+            return self._stack.enter_context(launcher.launch(spec, log_path=log_path))
         except BaseException:
             self._stack.close()
             raise
-        self.url = self.server.url
 
     def transport_stats(self) -> TransportStats:
         return self.transport
+
+    async def beam_search(self, requests: Sequence[BeamSearchRequest]) -> list[BeamSearchResult]:
+        return list(await asyncio.gather(*(self._beam_one(r) for r in requests)))
+
+    async def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
+        return list(await asyncio.gather(*(self._score_one(r) for r in requests)))
+
+    async def _beam_one(self, r: BeamSearchRequest) -> BeamSearchResult:
+        res = BeamSearchResult(request_id=r.request_id, timings=Timings.start(), prompt_tokens=len(r.prompt))
+        try:
+            self.validate_beam(r)
+            res.beams = await self._beams(r)
+        except Exception as e:  # noqa: BLE001 - recorded in the result, never raised
+            res.success, res.error = False, f"{type(e).__name__}: {e}"
+        res.timings.finish()
+        return res
+
+    async def _score_one(self, r: ScoreRequest) -> ScoreResult:
+        res = ScoreResult(request_id=r.request_id, timings=Timings.start(), prompt_tokens=len(r.prompt))
+        try:
+            validate_score_request(r, self.limits)
+            res.scores = await self._scores(r)
+        except Exception as e:  # noqa: BLE001 - recorded in the result, never raised
+            res.success, res.error = False, f"{type(e).__name__}: {e}"
+        res.timings.finish()
+        return res
 
     def _client(self):
         import httpx

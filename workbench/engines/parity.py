@@ -76,22 +76,18 @@ def _max_diff(a, b) -> float:
 
 
 def make_prompts(checkpoint, n_prompts: int = 2, prompt_len: int = 24, seed: int = 0) -> dict[str, list[Prompt]]:
-    """Plain prompts of random base-vocabulary tokens, and soft-token versions with a placeholder."""
+    """Synthetic prompts (`engines/workloads.py`, the one builder): plain ones, and for a soft-token
+    checkpoint the same prompts with the `<|user|>` placeholder and a user vector."""
+    from workbench.engines.workloads import SyntheticWorkload, WorkloadShape
     from workbench.model.checkpoint import read_meta
 
-    meta = read_meta(checkpoint)
-    rng = np.random.default_rng(seed)
-    base = meta.layout.base_vocab_size
-    plain = [Prompt.of(rng.integers(2, base, size=prompt_len).tolist()) for _ in range(n_prompts)]
-    soft = []
-    if meta.user_vector_dim is not None:
-        ph = meta.layout.placeholder_id
-        for p in plain:
-            pos = int(rng.integers(0, len(p)))
-            ids = list(p.token_ids)
-            ids[pos] = ph
-            soft.append(Prompt.of(ids, user_vector=rng.normal(size=meta.user_vector_dim), placeholder_pos=pos))
-    return {"plain": plain, "soft": soft}
+    shape = WorkloadShape("beam_search", prompt_tokens=prompt_len, seed=seed)
+    plain = SyntheticWorkload.from_checkpoint(shape, checkpoint, soft_token=False)
+    out = {"plain": [plain.prompt(i) for i in range(n_prompts)], "soft": []}
+    if read_meta(checkpoint).user_vector_dim is not None:
+        soft = SyntheticWorkload.from_checkpoint(shape, checkpoint, soft_token=True)
+        out["soft"] = [soft.prompt(i) for i in range(n_prompts)]
+    return out
 
 
 async def _timed(coro):
@@ -203,3 +199,60 @@ async def time_requests(engine, make_requests, kind: str = "beam", repeats: int 
         if not all(r.success for r in res):
             raise RuntimeError(f"{getattr(engine, 'name', '?')} failed: {next(r.error for r in res if not r.success)}")
     return {"median_s": float(np.median(times)), "min_s": float(np.min(times)), "repeats": repeats}
+
+
+# ---- engines side by side (notebook 03) -------------------------------------------------------------
+# workload name -> (request kind, the feature an engine must offer to run it, or None)
+FEATURE_WORKLOADS = {
+    "beam": ("beam", None),
+    "beam_constrained": ("beam", "trie_constraint"),
+    "beam_soft_token": ("beam", "soft_token_beam_search"),
+    "score_sequence": ("score", None),
+}
+
+
+def build_engines(names, checkpoint, urls: dict[str, str] | None = None) -> tuple[dict, dict[str, str]]:
+    """Engines by name on `checkpoint` (`urls[name]`: an already running server); an engine that cannot
+    start here is returned in the second dict with its reason, never hidden."""
+    from workbench.engines import registry
+
+    built, unavailable = {}, {}
+    for name in names:
+        url = (urls or {}).get(name)
+        try:
+            built[name] = (registry.engine_class(name)(checkpoint=checkpoint, url=url) if url
+                           else registry.create_engine(name, checkpoint=checkpoint))
+        except Exception as e:  # noqa: BLE001 - not installed here: recorded with the reason
+            unavailable[name] = f"{type(e).__name__}: {e}"[:300]
+    return built, unavailable
+
+
+def feature_requests(checkpoint, workload: str, n_prompts: int, prompt_len: int, beam_width: int, n_candidates: int):
+    """The requests of one FEATURE_WORKLOADS entry on `checkpoint` (synthetic prompts, catalog candidates)."""
+    from workbench.model.checkpoint import load_checkpoint
+
+    prompts = make_prompts(checkpoint, n_prompts, prompt_len)
+    catalog = load_checkpoint(checkpoint).catalog
+    plist = prompts["soft"] if workload == "beam_soft_token" else prompts["plain"]
+    if workload == "score_sequence":
+        cands = tuple(tuple(catalog.sid_tokens(i)) for i in range(n_candidates))
+        return [ScoreRequest(p, cands) for p in plist]
+    return [BeamSearchRequest(p, beam_width, catalog.depth, constrained=workload == "beam_constrained") for p in plist]
+
+
+async def feature_latency(engines: dict, checkpoint, *, n_prompts: int, prompt_len: int, beam_width: int,
+                          n_candidates: int, repeats: int) -> dict[str, dict]:
+    """`"<engine>/<workload>"` -> `time_requests` stats for every engine and every workload it offers
+    (a workload needing a feature the engine declares unsupported is left out; a failure is recorded)."""
+    out = {}
+    for name, eng in engines.items():
+        caps = eng.capabilities()
+        for wl, (kind, need) in FEATURE_WORKLOADS.items():
+            if need and not caps.supports(need):
+                continue
+            reqs = feature_requests(checkpoint, wl, n_prompts, prompt_len, beam_width, n_candidates)
+            try:
+                out[f"{name}/{wl}"] = await time_requests(eng, lambda: reqs, kind, repeats=repeats)
+            except RuntimeError as e:
+                out[f"{name}/{wl}"] = {"error": str(e)[:200]}
+    return out

@@ -60,15 +60,11 @@ from typing import Sequence
 from workbench.engines.base import (
     FEATURES,
     BeamSearchRequest,
-    BeamSearchResult,
     Capabilities,
     FeatureSupport,
     RequestError,
     ScoreRequest,
-    ScoreResult,
     Support,
-    Timings,
-    validate_score_request,
 )
 from workbench.engines.http_common import HTTPEngineBase
 
@@ -80,31 +76,23 @@ class SGLangEngine(HTTPEngineBase):
     """The `Engine` protocol over an SGLang server (launched from its environment or given by `url`)."""
 
     name = "sglang"
+    server_key = "sglang"
+    missing_hint = f"SGLang {SGLANG_VERSION} is not installed here"
+    server_label = "sglang server"
+    served_model_name = "workbench"
 
     def __init__(self, checkpoint, dtype: str = "float32", url: str | None = None, *, request_timeout_s: float = 300.0,
                  max_concurrency: int = 64, multi_item_scoring: bool = True, server_options: dict | None = None,
                  log_path=None, **limit_kw):
         self._init_common(checkpoint, dtype, url, request_timeout_s, max_concurrency, limit_kw)
         self.multi_item_scoring = multi_item_scoring
-        if url is None:
-            from workbench.engines import launcher
-
-            opts = dict(server_options or {})
-            if multi_item_scoring and self.info.vocab_size > MIS_DELIMITER_TOKEN_ID:
+        opts = dict(server_options or {})
+        if url is None and multi_item_scoring:
+            if self.info.vocab_size > MIS_DELIMITER_TOKEN_ID:
                 opts.setdefault("enable_mis", True)
-            elif multi_item_scoring:
+            else:
                 self.multi_item_scoring = False  # the 9999 placeholder would index past the embedding table
-            self._launch(launcher.sglang_spec(self.checkpoint, dtype, **opts), log_path)
-            self.model_name = "workbench"
-
-    @classmethod
-    def check_available(cls) -> tuple[bool, str]:
-        from workbench.engines import launcher
-
-        exe = launcher.find_executable("sglang")
-        if exe is None:
-            return False, f"SGLang {SGLANG_VERSION} is not installed here; {launcher.HOW_TO_BUILD['sglang']}"
-        return True, f"sglang server from {exe}"
+        self._launch_or_connect(url, opts, log_path)
 
     @staticmethod
     def static_capabilities() -> Capabilities:
@@ -168,37 +156,16 @@ class SGLangEngine(HTTPEngineBase):
 
     # ---- contract -------------------------------------------------------------------------------
 
-    async def beam_search(self, requests: Sequence[BeamSearchRequest]) -> list[BeamSearchResult]:
-        return list(await asyncio.gather(*(self._beam_one(r) for r in requests)))
+    async def _beams(self, r: BeamSearchRequest) -> list:
+        return await self._beam_emulated(r)
 
-    async def _beam_one(self, r: BeamSearchRequest) -> BeamSearchResult:
-        res = BeamSearchResult(request_id=r.request_id, timings=Timings.start(), prompt_tokens=len(r.prompt))
-        try:
-            self.validate_beam(r)
-            res.beams = await self._beam_emulated(r)
-        except Exception as e:  # noqa: BLE001
-            res.success, res.error = False, f"{type(e).__name__}: {e}"
-        res.timings.finish()
-        return res
-
-    async def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
-        return list(await asyncio.gather(*(self._score_one(r) for r in requests)))
-
-    async def _score_one(self, r: ScoreRequest) -> ScoreResult:
-        res = ScoreResult(request_id=r.request_id, timings=Timings.start(), prompt_tokens=len(r.prompt))
-        try:
-            validate_score_request(r, self.limits)
-            if r.mode == "sequence":
-                if r.prompt.is_soft:
-                    raise RequestError("sequence-mode scoring with a soft token is unsupported on SGLang "
-                                       f"{SGLANG_VERSION}: no input log-probs for input_embeds prompts; use mode 'label'")
-                res.scores = await self._score_sequence(r)
-            else:
-                res.scores = await self._score_label_mis(r)
-        except Exception as e:  # noqa: BLE001
-            res.success, res.error = False, f"{type(e).__name__}: {e}"
-        res.timings.finish()
-        return res
+    async def _scores(self, r: ScoreRequest) -> list:
+        if r.mode == "label":
+            return await self._score_label_mis(r)
+        if r.prompt.is_soft:
+            raise RequestError("sequence-mode scoring with a soft token is unsupported on SGLang "
+                               f"{SGLANG_VERSION}: no input log-probs for input_embeds prompts; use mode 'label'")
+        return await self._score_sequence(r)
 
     async def _score_sequence(self, r: ScoreRequest) -> list[float]:
         p = list(r.prompt.token_ids)

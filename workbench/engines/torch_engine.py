@@ -1,6 +1,8 @@
 """The workbench's own engine: beam search, multi-item scoring and soft tokens on one fast path.
 
-How it works (see torch_model.py for the attention layouts):
+How it works (see torch_model.py for the attention layouts, torch_search.py for the tensor math of
+a step: segments, trie mask, beam selection, scores; this module is the scheduler and the
+per-request state around them):
 
 - A worker thread owns the model. Async callers enqueue jobs and await futures, so concurrent
   requests from many coroutines (or HTTP clients) meet in the same forwards.
@@ -31,10 +33,9 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from workbench.engines.base import (
-    Beam,
     BeamSearchRequest,
     BeamSearchResult,
     Capabilities,
@@ -49,6 +50,19 @@ from workbench.engines.base import (
     validate_score_request,
 )
 from workbench.engines.checks import validate_constraint
+from workbench.engines.torch_search import (
+    KVLayout,
+    banned_counts_by_depth,
+    beams_of,
+    candidate_scores,
+    constraint_mask,
+    decode_segment,
+    pad_prompt_kv,
+    reorder_own_kv,
+    row_offsets,
+    score_segment,
+    select_beams,
+)
 
 
 def _import_torch():
@@ -72,8 +86,6 @@ class EngineStats:
 
 
 _SERIAL = itertools.count()
-# Prompt KV of a decode/score batch is padded to a multiple of this many positions (see _shared_prompt_kv).
-PROMPT_KV_BUCKET = 128
 
 
 @dataclass(eq=False)
@@ -132,6 +144,7 @@ class TorchEngine:
         self.dtype = dtype
         self.device = torch.device(device)
         self.lm = FastLM(ck.model, device=self.device, dtype=getattr(torch, dtype), batch_invariant=batch_invariant)
+        self._kv = KVLayout.of(self.lm, self.device)
         self.projector = ck.projector.to(self.device) if ck.projector is not None else None
         self.catalog = ck.catalog
         self.trie = ck.catalog.trie()
@@ -199,11 +212,11 @@ class TorchEngine:
 
     # ---- public async API --------------------------------------------------------------------
     async def beam_search(self, requests: Sequence[BeamSearchRequest]) -> list[BeamSearchResult]:
-        futs = [self._submit_beam(r) for r in requests]
+        futs = [self._submit("beam", r, self.validate_beam, BeamSearchResult) for r in requests]
         return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futs)))
 
     async def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
-        futs = [self._submit_score(r) for r in requests]
+        futs = [self._submit("score", r, self.validate_score, ScoreResult) for r in requests]
         return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futs)))
 
     async def close(self) -> None:
@@ -221,32 +234,23 @@ class TorchEngine:
         validate_beam_request(r, self.limits)
         validate_constraint(r, self.catalog)
 
-    def _submit_beam(self, r: BeamSearchRequest) -> concurrent.futures.Future:
-        t = Timings.start()
-        fut: concurrent.futures.Future = concurrent.futures.Future()
-        try:
-            if self._closed:
-                raise RequestError("engine is closed")
-            self.validate_beam(r)
-        except RequestError as e:
-            fut.set_result(BeamSearchResult(r.request_id, success=False, error=str(e), timings=t.finish(),
-                                            prompt_tokens=len(r.prompt.token_ids)))
-            return fut
-        self._enqueue(_Job("beam", r, t, fut))
-        return fut
+    def validate_score(self, r: ScoreRequest) -> None:
+        validate_score_request(r, self.limits)
 
-    def _submit_score(self, r: ScoreRequest) -> concurrent.futures.Future:
+    def _submit(self, kind: str, r, validate: Callable, result_cls: type) -> concurrent.futures.Future:
+        """Queue a `kind` ("beam" | "score") job; a closed engine or a bad request resolves at once to
+        a `result_cls` with `success=False` and the message."""
         t = Timings.start()
         fut: concurrent.futures.Future = concurrent.futures.Future()
         try:
             if self._closed:
                 raise RequestError("engine is closed")
-            validate_score_request(r, self.limits)
+            validate(r)
         except RequestError as e:
-            fut.set_result(ScoreResult(r.request_id, success=False, error=str(e), timings=t.finish(),
-                                       prompt_tokens=len(r.prompt.token_ids)))
+            fut.set_result(result_cls(r.request_id, success=False, error=str(e), timings=t.finish(),
+                                      prompt_tokens=len(r.prompt.token_ids)))
             return fut
-        self._enqueue(_Job("score", r, t, fut))
+        self._enqueue(_Job(kind, r, t, fut))
         return fut
 
     def _enqueue(self, job: _Job) -> None:
@@ -400,118 +404,46 @@ class TorchEngine:
         key = tuple(j.serial for j in jobs)
         if cache and key == self._prompt_cache_key:
             return self._prompt_cache
-        lm = self.lm
         lens = torch.as_tensor([j.prompt_len for j in jobs], device=self.device)
-        # Pad to a fixed bucket, not to the batch's longest prompt: the softmax and p@V reductions then
-        # run over the same length alone or in any batch, so results do not depend on batch mates.
-        pmax = -(-int(lens.max()) // PROMPT_KV_BUCKET) * PROMPT_KV_BUCKET
-        out = []
-        for li in range(len(lm.layers)):
-            kP = torch.zeros(len(jobs), lm.n_kv, pmax, lm.head_dim, dtype=lm.dtype, device=self.device)
-            vP = torch.zeros_like(kP)
-            for r, j in enumerate(jobs):
-                k, v = j.prompt_kv[li]
-                kP[r, :, : k.shape[1]] = k
-                vP[r, :, : v.shape[1]] = v
-            out.append((kP, vP))
+        out = pad_prompt_kv([j.prompt_kv for j in jobs], lens, self._kv)
         if cache:
             self._prompt_cache_key, self._prompt_cache = key, (out, lens)
         return out, lens
 
     def _decode_segment(self, dec: list[_Job]):
-        torch = _import_torch()
-        from workbench.engines.torch_model import MIN_ROWS, SharedSegment
-
-        lm, dev = self.lm, self.device
-        prompt_kv, plens = self._shared_prompt_kv(dec)
-        R = len(dec)
-        # at least MIN_ROWS streams: the attention matmuls then take the same BLAS path alone or batched
-        S = max(MIN_ROWS, max(int(j.tokens.shape[0]) for j in dec))
-        past = [int(j.tokens.shape[1]) - 1 for j in dec]
-        tp = max(past)
-        r_idx = torch.cat([torch.full((int(j.tokens.shape[0]),), r, dtype=torch.long) for r, j in enumerate(dec)])
-        s_idx = torch.cat([torch.arange(int(j.tokens.shape[0])) for j in dec])
-        past_kv = None
-        if tp:
-            past_kv = []
-            for li in range(len(lm.layers)):
-                k = torch.zeros(R, S, lm.n_kv, tp, lm.head_dim, dtype=lm.dtype, device=dev)
-                v = torch.zeros_like(k)
-                for r, j in enumerate(dec):
-                    if past[r]:
-                        jk, jv = j.own_kv[li]
-                        k[r, : jk.shape[0], :, : past[r]] = jk
-                        v[r, : jv.shape[0], :, : past[r]] = jv
-                past_kv.append((k, v))
-        seg = SharedSegment(
-            R=R, S=S, Lq=1, r_idx=r_idx.to(dev), s_idx=s_idx.to(dev), i_idx=torch.zeros_like(r_idx).to(dev),
-            prompt_kv=prompt_kv, prompt_len=plens, past_kv=past_kv,
-            past_len=torch.as_tensor(past, device=dev),
-        )
-        last = torch.cat([j.tokens[:, -1] for j in dec]).to(dev)
-        return seg, lm.embed_ids(last)
+        seg, last = decode_segment([j.tokens for j in dec], [j.own_kv for j in dec], *self._shared_prompt_kv(dec),
+                                   self._kv)
+        return seg, self.lm.embed_ids(last)
 
     def _score_segment(self, sc: list[_Job]):
-        torch = _import_torch()
-        from workbench.engines.torch_model import MIN_ROWS, SharedSegment
-
-        dev = self.device
         prompt_kv, plens = self._shared_prompt_kv(sc, cache=False)  # score sets are one-shot
-        S = max(MIN_ROWS, max(len(j.req.candidates) for j in sc))
-        lq = max(len(c) for j in sc for c in j.req.candidates)
-        r_idx, s_idx, i_idx, toks = [], [], [], []
-        for r, j in enumerate(sc):
-            for s, c in enumerate(j.req.candidates):
-                n = len(c)
-                r_idx += [r] * n
-                s_idx += [s] * n
-                i_idx += range(n)
-                toks += c
-        as_t = lambda z: torch.as_tensor(z, dtype=torch.long, device=dev)  # noqa: E731
-        seg = SharedSegment(
-            R=len(sc), S=S, Lq=lq, r_idx=as_t(r_idx), s_idx=as_t(s_idx), i_idx=as_t(i_idx),
-            prompt_kv=prompt_kv, prompt_len=plens, past_kv=None, past_len=torch.zeros(len(sc), dtype=torch.long, device=dev),
-        )
-        return seg, self.lm.embed_ids(as_t(toks))
+        seg, toks = score_segment([j.req.candidates for j in sc], prompt_kv, plens, self.device)
+        return seg, self.lm.embed_ids(toks)
 
     # ---- beam bookkeeping --------------------------------------------------------------------
     def _mask(self, j: _Job, prefixes):
         """Allowed-token mask [B, vocab] for constrained job `j` at depth prefixes.shape[1]."""
-        torch = _import_torch()
-        req = j.req
-        t = int(prefixes.shape[1])
         counts = None
-        if req.banned_items:
+        if j.req.banned_items:
             if j.banned_counts is None:
-                j.banned_counts = [self.trie.banned_counts([list(req.banned_items)], d) for d in range(self.catalog.depth)]
-            counts = j.banned_counts[t].expand(prefixes.shape[0], -1)
-        m = self.trie.allowed_mask(prefixes.cpu(), banned_counts=counts)
-        if m.shape[1] < self.lm.vocab_size:  # model vocab padded beyond the layout's tokens
-            m = torch.nn.functional.pad(m, (0, self.lm.vocab_size - m.shape[1]))
-        return m.to(self.device)
+                j.banned_counts = banned_counts_by_depth(self.trie, j.req.banned_items, self.catalog.depth)
+            counts = j.banned_counts[int(prefixes.shape[1])].expand(prefixes.shape[0], -1)
+        return constraint_mask(self.trie, prefixes, self.lm.vocab_size, self.device, counts)
 
     def _select(self, j: _Job, cum, logp) -> None:
         """Keep the top beam_width of (beam, token) continuations; finish when all tokens are out."""
         torch = _import_torch()
         req = j.req
+        allowed = None
         if req.constrained:
             prefixes = j.tokens if j.tokens is not None else torch.zeros(cum.shape[0], 0, dtype=torch.long)
-            logp = logp.masked_fill(~self._mask(j, prefixes), float("-inf"))
-        cand = (cum[:, None] + logp).flatten()  # [B * vocab]
-        k = min(req.beam_width, cand.numel())
-        top, idx = torch.topk(cand, k)
-        keep = torch.isfinite(top)
-        top, idx = top[keep], idx[keep]
-        vocab = logp.shape[1]
-        parents, toks = idx // vocab, idx % vocab
-        if top.numel() == 0:
+            allowed = self._mask(j, prefixes)
+        sel = select_beams(j.tokens, cum, logp, req.beam_width, allowed)
+        if sel is None:
             j.done = True
             self._fail(j, "no valid continuation: every SID is banned or the constraint allows no token")
             return
-        prev = j.tokens if j.tokens is not None else torch.zeros(1, 0, dtype=torch.long, device=toks.device)
-        j.tokens = torch.cat([prev.to(toks.device)[parents], toks[:, None]], dim=1)
-        j.cum = top
-        j.parents = parents
+        j.tokens, j.cum, j.parents = sel.tokens, sel.cum, sel.parents
         if j.tokens.shape[1] >= req.max_new_tokens:
             self._finish_beam(j)
 
@@ -523,55 +455,28 @@ class TorchEngine:
 
     def _decode_step(self, dec: list[_Job], seg, h) -> None:
         lp = self.lm.log_probs(h)  # [rows, vocab]
-        off = 0
+        offs = row_offsets([int(j.tokens.shape[0]) for j in dec])
         for r, j in enumerate(dec):
-            b = int(j.tokens.shape[0])
             s_new = int(j.tokens.shape[1])  # own KV length after this step
-            self._select(j, j.cum, lp[off : off + b])
-            off += b
+            self._select(j, j.cum, lp[offs[r] : offs[r + 1]])
             if j.done:
-                j.own_kv = None
-                j.prompt_kv = None
-                continue
-            parents = j.parents
-            j.own_kv = [(k[r, parents, :, :s_new], v[r, parents, :, :s_new]) for k, v in seg.own_kv]
+                j.own_kv = j.prompt_kv = None
+            else:
+                j.own_kv = reorder_own_kv(seg.own_kv, r, j.parents, s_new)
 
     def _finish_beam(self, j: _Job) -> None:
         j.done = True
-        beams = [Beam(token_ids=t, cum_logprob=float(c)) for t, c in zip(j.tokens.tolist(), j.cum.tolist())]
-        j.future.set_result(BeamSearchResult(j.req.request_id, beams=beams, timings=j.timings.finish(),
-                                             prompt_tokens=j.prompt_len))
+        j.future.set_result(BeamSearchResult(j.req.request_id, beams=beams_of(j.tokens, j.cum),
+                                             timings=j.timings.finish(), prompt_tokens=j.prompt_len))
         j.own_kv = j.prompt_kv = None
 
     def _finish_scores(self, sc: list[_Job], seg, h) -> None:
-        torch = _import_torch()
-        lm = self.lm
-        i_idx = seg.i_idx
-        off_by_job = torch.zeros(len(sc) + 1, dtype=torch.long)
-        for r, j in enumerate(sc):
-            off_by_job[r + 1] = off_by_job[r] + sum(len(c) for c in j.req.candidates)
+        offs = row_offsets([sum(len(c) for c in j.req.candidates) for j in sc])
         for r, j in enumerate(sc):
             req = j.req
-            lo, hi = int(off_by_job[r]), int(off_by_job[r + 1])
-            lens = torch.as_tensor([len(c) for c in req.candidates])
-            ends = torch.cumsum(lens, 0) - 1  # local row of each candidate's last token
-            if req.mode == "label":
-                lp = lm.log_probs(h[lo:hi][ends.to(h.device)])  # [C, vocab]
-                labels = torch.as_tensor(req.label_token_ids, device=lp.device)
-                scores = lp[:, labels].tolist()
-            else:
-                toks = torch.as_tensor([t for c in req.candidates for t in c], device=h.device)
-                local_i = i_idx[lo:hi]
-                not_last = torch.ones(hi - lo, dtype=torch.bool, device=h.device)
-                not_last[ends.to(h.device)] = False
-                lp_rows = lm.log_probs(h[lo:hi][not_last])  # rows predicting the next candidate token
-                nxt = toks[1:][not_last[:-1]]
-                per_tok = torch.zeros(hi - lo, dtype=torch.float64, device=h.device)
-                per_tok[torch.nonzero(~(local_i == 0)).squeeze(1)] = torch.gather(lp_rows, 1, nxt[:, None]).squeeze(1)
-                first = torch.as_tensor([c[0] for c in req.candidates], device=h.device)
-                per_tok[(local_i == 0).nonzero().squeeze(1)] = j.first_logprobs[first]
-                cand_of_row = torch.repeat_interleave(torch.arange(len(lens), device=h.device), lens.to(h.device))
-                scores = torch.zeros(len(lens), dtype=per_tok.dtype, device=h.device).index_add_(0, cand_of_row, per_tok).tolist()
+            lo, hi = offs[r], offs[r + 1]
+            scores = candidate_scores(self.lm.log_probs, h[lo:hi], req.candidates, seg.i_idx[lo:hi], req.mode,
+                                      req.label_token_ids, j.first_logprobs)
             j.done = True
             j.future.set_result(ScoreResult(req.request_id, scores=scores, timings=j.timings.finish(),
                                             prompt_tokens=j.prompt_len))

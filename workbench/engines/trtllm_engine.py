@@ -36,21 +36,16 @@ Feature map (static capabilities say "written, not run here" for all of it):
 from __future__ import annotations
 
 import asyncio
-from typing import Sequence
 
 from workbench.engines.base import (
     FEATURES,
     Beam,
     BeamSearchRequest,
-    BeamSearchResult,
     Capabilities,
     FeatureSupport,
     RequestError,
     ScoreRequest,
-    ScoreResult,
     Support,
-    Timings,
-    validate_score_request,
 )
 from workbench.engines.http_common import HTTPEngineBase
 
@@ -73,6 +68,9 @@ class TRTLLMEngine(HTTPEngineBase):
     """The `Engine` protocol over a `trtllm-serve` server (launched from its environment or given by `url`)."""
 
     name = "trtllm"
+    server_key = "trtllm"
+    missing_hint = f"TensorRT-LLM {TRTLLM_VERSION} is not installed here"
+    server_label = "trtllm-serve"
 
     def __init__(self, checkpoint, dtype: str = "float32", url: str | None = None, *, scoring_url: str | None = None,
                  scoring_layer: bool = True, request_timeout_s: float = 300.0, max_concurrency: int = 64,
@@ -80,27 +78,11 @@ class TRTLLMEngine(HTTPEngineBase):
         self._init_common(checkpoint, dtype, url, request_timeout_s, max_concurrency, limit_kw)
         self.scoring_url = scoring_url.rstrip("/") if scoring_url else None
         self._scoring_clients: dict = {}
-        if url is None:
+        if self._launch_or_connect(url, server_options, log_path) and scoring_layer and self.scoring_url is None:
             from workbench.engines import launcher
 
-            self._launch(launcher.trtllm_spec(self.checkpoint, dtype, **(server_options or {})), log_path)
-            if scoring_layer and self.scoring_url is None:
-                spec = launcher.trtllm_scoring_spec(self.checkpoint, dtype, **(scoring_options or {}))
-                try:
-                    layer = self._stack.enter_context(launcher.launch(spec))
-                except BaseException:
-                    self._stack.close()
-                    raise
-                self.scoring_url = layer.url
-
-    @classmethod
-    def check_available(cls) -> tuple[bool, str]:
-        from workbench.engines import launcher
-
-        exe = launcher.find_executable("trtllm")
-        if exe is None:
-            return False, f"TensorRT-LLM {TRTLLM_VERSION} is not installed here; {launcher.HOW_TO_BUILD['trtllm']}"
-        return True, f"trtllm-serve from {exe}"
+            spec = launcher.trtllm_scoring_spec(self.checkpoint, dtype, **(scoring_options or {}))
+            self.scoring_url = self._start_server(spec).url
 
     @staticmethod
     def static_capabilities() -> Capabilities:
@@ -171,39 +153,27 @@ class TRTLLMEngine(HTTPEngineBase):
 
     # ---- beam search ----------------------------------------------------------------------------
 
-    async def beam_search(self, requests: Sequence[BeamSearchRequest]) -> list[BeamSearchResult]:
-        return list(await asyncio.gather(*(self._beam_one(r) for r in requests)))
-
-    async def _beam_one(self, r: BeamSearchRequest) -> BeamSearchResult:
-        res = BeamSearchResult(request_id=r.request_id, timings=Timings.start(), prompt_tokens=len(r.prompt))
-        try:
-            self.validate_beam(r)
-            caps = self.capabilities()
-            if r.constrained:
-                caps.require("trie_constraint")
-            if r.prompt.is_soft:
-                caps.require("soft_token_beam_search")
-            if r.constrained or r.prompt.is_soft:
-                res.beams = await self._beam_layer(r)
-                res.timings.finish()
-                return res
-            body = {"prompt": list(r.prompt.token_ids), "n": r.beam_width, "best_of": r.beam_width,
-                    "use_beam_search": True, "max_tokens": r.max_new_tokens, "ignore_eos": True,
-                    "length_penalty": 0.0, "logprobs": 1, "detokenize": False, "temperature": 1.0}
-            out = await self._post("/v1/completions", body)
-            beams = []
-            for ch in sorted(out["choices"], key=lambda c: c["index"]):
-                ids = ch.get("token_ids")
-                if ids is None:
-                    raise RuntimeError("trtllm-serve returned no token_ids for a beam (detokenize=False expected them)")
-                lps = ch["logprobs"]["token_logprobs"]
-                beams.append(Beam([int(t) for t in ids], float(sum(lps))))
-            beams.sort(key=lambda b: -b.cum_logprob)
-            res.beams = beams
-        except Exception as e:  # noqa: BLE001
-            res.success, res.error = False, f"{type(e).__name__}: {e}"
-        res.timings.finish()
-        return res
+    async def _beams(self, r: BeamSearchRequest) -> list[Beam]:
+        caps = self.capabilities()
+        if r.constrained:
+            caps.require("trie_constraint")
+        if r.prompt.is_soft:
+            caps.require("soft_token_beam_search")
+        if r.constrained or r.prompt.is_soft:
+            return await self._beam_layer(r)
+        body = {"prompt": list(r.prompt.token_ids), "n": r.beam_width, "best_of": r.beam_width,
+                "use_beam_search": True, "max_tokens": r.max_new_tokens, "ignore_eos": True,
+                "length_penalty": 0.0, "logprobs": 1, "detokenize": False, "temperature": 1.0}
+        out = await self._post("/v1/completions", body)
+        beams = []
+        for ch in sorted(out["choices"], key=lambda c: c["index"]):
+            ids = ch.get("token_ids")
+            if ids is None:
+                raise RuntimeError("trtllm-serve returned no token_ids for a beam (detokenize=False expected them)")
+            lps = ch["logprobs"]["token_logprobs"]
+            beams.append(Beam([int(t) for t in ids], float(sum(lps))))
+        beams.sort(key=lambda b: -b.cum_logprob)
+        return beams
 
     async def _beam_layer(self, r: BeamSearchRequest) -> list[Beam]:
         body = {"prompt": list(r.prompt.token_ids), "beam_width": r.beam_width, "max_new_tokens": r.max_new_tokens,
@@ -217,23 +187,12 @@ class TRTLLMEngine(HTTPEngineBase):
 
     # ---- scoring --------------------------------------------------------------------------------
 
-    async def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
-        return list(await asyncio.gather(*(self._score_one(r) for r in requests)))
-
-    async def _score_one(self, r: ScoreRequest) -> ScoreResult:
-        res = ScoreResult(request_id=r.request_id, timings=Timings.start(), prompt_tokens=len(r.prompt))
-        try:
-            validate_score_request(r, self.limits)
-            if self.scoring_url is not None:
-                res.scores = await self._score_layer(r)
-            elif r.prompt.is_soft:
-                raise RequestError("soft-token scoring is unsupported without the scoring layer: " + _NO_LAYER)
-            else:
-                res.scores = list(await asyncio.gather(*(self._score_candidate(r, c) for c in r.candidates)))
-        except Exception as e:  # noqa: BLE001
-            res.success, res.error = False, f"{type(e).__name__}: {e}"
-        res.timings.finish()
-        return res
+    async def _scores(self, r: ScoreRequest) -> list:
+        if self.scoring_url is not None:
+            return await self._score_layer(r)
+        if r.prompt.is_soft:
+            raise RequestError("soft-token scoring is unsupported without the scoring layer: " + _NO_LAYER)
+        return list(await asyncio.gather(*(self._score_candidate(r, c) for c in r.candidates)))
 
     async def _score_layer(self, r: ScoreRequest) -> list:
         """All candidates in one `/v1/score` call to the scoring layer; exact log-probs from `logprobs`."""

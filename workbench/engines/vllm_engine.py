@@ -49,34 +49,30 @@ from workbench.engines.base import (
     FEATURES,
     Beam,
     BeamSearchRequest,
-    BeamSearchResult,
     Capabilities,
     EngineUnavailable,
     FeatureSupport,
     Prompt,
     RequestError,
     ScoreRequest,
-    ScoreResult,
     Support,
-    Timings,
-    validate_score_request,
 )
-from workbench.engines.http_common import MAX_LOGPROB_TOKEN_IDS, HTTPEngineBase, _token_key
+from workbench.engines.http_common import MAX_LOGPROB_TOKEN_IDS, HTTPEngineBase, token_id_of
 
 
 class VLLMEngine(HTTPEngineBase):
     """The `Engine` protocol over a `vllm serve` HTTP server (launched here or given by `url`)."""
 
     name = "vllm"
+    server_key = "vllm"
+    missing_hint = "no vLLM server environment"
+    server_label = "vllm server"
+    served_model_name = "workbench"
 
     def __init__(self, checkpoint, dtype: str = "float32", url: str | None = None, *, request_timeout_s: float = 300.0,
                  max_concurrency: int = 64, server_options: dict | None = None, log_path=None, **limit_kw):
         self._init_common(checkpoint, dtype, url, request_timeout_s, max_concurrency, limit_kw)
-        if url is None:
-            from workbench.engines import launcher
-
-            self._launch(launcher.vllm_spec(self.checkpoint, dtype, **(server_options or {})), log_path)
-            self.model_name = "workbench"
+        if self._launch_or_connect(url, server_options, log_path):
             self._warm_up()
 
     def _warm_up(self) -> None:
@@ -95,16 +91,7 @@ class VLLMEngine(HTTPEngineBase):
             self._stack.close()
             raise EngineUnavailable(f"vLLM started but its first generation failed ({why}); server log tail:\n{tail}")
 
-    # ---- availability and capabilities ----------------------------------------------------------
-
-    @classmethod
-    def check_available(cls) -> tuple[bool, str]:
-        from workbench.engines import launcher
-
-        exe = launcher.find_executable("vllm")
-        if exe is None:
-            return False, f"no vLLM server environment; {launcher.HOW_TO_BUILD['vllm']}"
-        return True, f"vllm server from {exe}"
+    # ---- capabilities (availability: HTTPEngineBase.check_available) ------------------------------
 
     @staticmethod
     def static_capabilities() -> Capabilities:
@@ -152,21 +139,10 @@ class VLLMEngine(HTTPEngineBase):
 
     # ---- beam search ----------------------------------------------------------------------------
 
-    async def beam_search(self, requests: Sequence[BeamSearchRequest]) -> list[BeamSearchResult]:
-        return list(await asyncio.gather(*(self._beam_one(r) for r in requests)))
-
-    async def _beam_one(self, r: BeamSearchRequest) -> BeamSearchResult:
-        res = BeamSearchResult(request_id=r.request_id, timings=Timings.start(), prompt_tokens=len(r.prompt))
-        try:
-            self.validate_beam(r)
-            if r.constrained or r.prompt.is_soft:
-                res.beams = await self._beam_emulated(r)
-            else:
-                res.beams = await self._beam_native(r)
-        except Exception as e:  # noqa: BLE001 - recorded in the result, never raised
-            res.success, res.error = False, f"{type(e).__name__}: {e}"
-        res.timings.finish()
-        return res
+    async def _beams(self, r: BeamSearchRequest) -> list[Beam]:
+        if r.constrained or r.prompt.is_soft:
+            return await self._beam_emulated(r)
+        return await self._beam_native(r)
 
     async def _beam_native(self, r: BeamSearchRequest) -> list[Beam]:
         body = {
@@ -200,7 +176,7 @@ class VLLMEngine(HTTPEngineBase):
         lp: dict[int, float] = {}
         for o in outs:
             top = o["choices"][0]["logprobs"]["top_logprobs"][0] or {}
-            lp.update({_token_key(key): float(v) for key, v in top.items()})
+            lp.update({token_id_of(key): float(v) for key, v in top.items()})
         if allowed is not None:
             ok = set(allowed)
             lp = {t: v for t, v in lp.items() if t in ok}
@@ -208,24 +184,13 @@ class VLLMEngine(HTTPEngineBase):
 
     # ---- scoring --------------------------------------------------------------------------------
 
-    async def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
-        return list(await asyncio.gather(*(self._score_one(r) for r in requests)))
-
-    async def _score_one(self, r: ScoreRequest) -> ScoreResult:
-        res = ScoreResult(request_id=r.request_id, timings=Timings.start(), prompt_tokens=len(r.prompt))
-        try:
-            validate_score_request(r, self.limits)
-            if r.mode == "sequence":
-                if r.prompt.is_soft:
-                    raise RequestError("sequence-mode scoring with a soft token is unsupported on vLLM: it returns no "
-                                       "prompt_logprobs for prompt_embeds prompts; use mode 'label' or another engine")
-                res.scores = await self._score_sequence(r)
-            else:
-                res.scores = await self._score_label(r)
-        except Exception as e:  # noqa: BLE001
-            res.success, res.error = False, f"{type(e).__name__}: {e}"
-        res.timings.finish()
-        return res
+    async def _scores(self, r: ScoreRequest) -> list:
+        if r.mode == "label":
+            return await self._score_label(r)
+        if r.prompt.is_soft:
+            raise RequestError("sequence-mode scoring with a soft token is unsupported on vLLM: it returns no "
+                               "prompt_logprobs for prompt_embeds prompts; use mode 'label' or another engine")
+        return await self._score_sequence(r)
 
     async def _score_sequence(self, r: ScoreRequest) -> list[float]:
         p = list(r.prompt.token_ids)
@@ -261,7 +226,7 @@ class VLLMEngine(HTTPEngineBase):
         choices = sorted(out["choices"], key=lambda c: c["index"])
         scores = []
         for ch in choices:
-            top = {_token_key(k): float(v) for k, v in ch["logprobs"]["top_logprobs"][0].items()}
+            top = {token_id_of(k): float(v) for k, v in ch["logprobs"]["top_logprobs"][0].items()}
             scores.append([top[t] for t in r.label_token_ids])
         return scores
 

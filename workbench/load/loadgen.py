@@ -7,7 +7,7 @@ This reproduces how serving benchmarks measure latency against load (vLLM `bench
   smoother). The schedule is drawn before the clock starts, so a slow engine cannot slow the
   arrivals down; only the concurrency cap (64 by default) holds requests back in the client.
 - Every request is built before the clock starts from a deterministic workload
-  (`workbench.load.workloads`), with a unique prompt per request index, so every engine sees the
+  (`workbench.engines.workloads`), with a unique prompt per request index, so every engine sees the
   same prompts and no request reuses another's prefix.
 - One `RequestRecord` per request: scheduled arrival, sent (after the cap), first result where the
   engine reports one, done, success, error, prompt tokens and beams/candidates returned. Failures

@@ -20,13 +20,13 @@ from typing import Any
 
 import numpy as np
 
+from workbench.names import METHODS
 from workbench.sids.layout import Catalog, SidLayout
 
 META_FILE = "workbench.json"
 CATALOG_FILE = "catalog.npz"
 PROJECTOR_FILE = "projector.safetensors"
 FORMAT_VERSION = 1
-METHODS = ("none", "none_long", "text_history", "user_sid", "soft_token")
 
 _DTYPES = ("float32", "bfloat16", "float16", "float64")
 

@@ -14,6 +14,10 @@ chain of thin matmuls plus a softmax. So this benchmark measures, in one process
 engine / kernel floor is the engine's own overhead (Python, scheduling, KV bookkeeping, selection);
 kernel floor / matmul floor is what these shapes cost on this BLAS, which no scheduler can remove.
 Prints a table and, last, one JSON line with every number.
+
+`microbench.py` builds the checkpoint and measures the matmul rate, then calls `run_floor`; this
+module never imports microbench (the dependency runs one way), and draws its requests from the
+synthetic workloads of `workbench/engines/workloads.py` like every other benchmark.
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ import json
 import sys
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from workbench.engines.workloads import SyntheticWorkload, WorkloadShape
 
 
 @dataclass
@@ -109,14 +116,8 @@ def flops(lm, prompt_len: int, beam: int, new_tokens: int) -> dict[str, float]:
     }
 
 
-def engine_times(engine, prompt_len: int, beam: int, new_tokens: int, requests: int, seed: int = 0):
+def engine_times(engine, workload: SyntheticWorkload, requests: int) -> list[tuple[float, float, float]]:
     """Unloaded requests one at a time: per request (total ms, prefill forward ms, decode forwards ms)."""
-    from types import SimpleNamespace
-
-    import numpy as np
-
-    from workbench.perf.microbench import make_requests
-
     lm = engine.lm
     calls: list[float] = []
     orig = lm.forward
@@ -128,12 +129,9 @@ def engine_times(engine, prompt_len: int, beam: int, new_tokens: int, requests: 
         return out
 
     lm.forward = timed_forward
-    rng = np.random.default_rng(seed)
-    shape = SimpleNamespace(prompt_len=prompt_len, beam=beam, new_tokens=new_tokens)
     rows = []
     try:
-        for i in range(requests + 1):  # the first is a warm-up
-            (req,) = make_requests(shape, engine.limits, 1, rng, constrained=False)
+        for i, req in enumerate(workload.requests(requests + 1)):  # the first is a warm-up
             calls.clear()
             t0 = time.perf_counter()
             res = asyncio.run(engine.beam_search([req]))[0]
@@ -147,17 +145,20 @@ def engine_times(engine, prompt_len: int, beam: int, new_tokens: int, requests: 
     return rows
 
 
-def run_floor(args, checkpoint, peak_gflops: float) -> int:
-    """Print the floor table for `checkpoint` (args: prompt_len, beam, new_tokens, dtype, device, quick)."""
+def run_floor(checkpoint: Path, peak_gflops: float, *, prompt_len: int, beam: int, new_tokens: int,
+              dtype: str = "float32", device: str = "cpu", quick: bool = False) -> int:
+    """Print the floor table for one unconstrained beam request of this shape on `checkpoint`."""
     from workbench.engines.registry import create_engine
 
-    P, B, T = args.prompt_len, args.beam, args.new_tokens
-    engine = create_engine("torch", checkpoint, dtype=args.dtype, device=args.device)
+    P, B, T = prompt_len, beam, new_tokens
+    shape = WorkloadShape("beam_search", prompt_tokens=P, beam_width=B, max_new_tokens=T, constrained=False)
+    workload = SyntheticWorkload.from_checkpoint(shape, checkpoint, soft_token=False)
+    engine = create_engine("torch", checkpoint, dtype=dtype, device=device)
     try:
         lm = engine.lm
-        n = 4 if args.quick else 10
-        rows = engine_times(engine, P, B, T, n)
-        kern = kernel_times(lm, P, B, T, repeats=3 if args.quick else 7)
+        n = 4 if quick else 10
+        rows = engine_times(engine, workload, n)
+        kern = kernel_times(lm, P, B, T, repeats=3 if quick else 7)
     finally:
         engine.shutdown()
     fl = flops(lm, P, B, T)
@@ -168,7 +169,7 @@ def run_floor(args, checkpoint, peak_gflops: float) -> int:
     kpre = kern["prefill_gemm"] + kern["prefill_attention"] + kern["lm_head_prefill"]
     kdec = kfloor - kpre
     out = {
-        "params_m": round(lm.n_params() / 1e6, 2), "prompt": P, "beam": B, "new_tokens": T, "dtype": args.dtype,
+        "params_m": round(lm.n_params() / 1e6, 2), "prompt": P, "beam": B, "new_tokens": T, "dtype": dtype,
         "matmul_gflops": peak_gflops, "gflop": sum(fl.values()) / 1e9,
         "matmul_floor_ms": floor, "kernel_floor_ms": kfloor,
         "engine_ms": total, "engine_prefill_forward_ms": pre, "engine_decode_forwards_ms": dec,
@@ -178,7 +179,7 @@ def run_floor(args, checkpoint, peak_gflops: float) -> int:
         "phases": [asdict(p) for p in phases],
     }
     print(f"\ncompute floor of one beam request: {out['params_m']}M params, prompt {P}, beam {B}, {T} new tokens, "
-          f"unconstrained, {args.dtype}; matmul rate {peak_gflops:.1f} GFLOP/s (1024^3)")
+          f"unconstrained, {dtype}; matmul rate {peak_gflops:.1f} GFLOP/s (1024^3)")
     print(f"{'phase':<18} {'GFLOP':>7} {'matmul floor ms':>16} {'kernels alone ms':>17} {'kernel GFLOP/s':>15}")
     for p in phases:
         print(f"{p.name:<18} {p.gflop:>7.2f} {p.matmul_floor_ms:>16.0f} {p.kernel_ms:>17.0f} "

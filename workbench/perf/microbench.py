@@ -15,9 +15,12 @@ Measures, in one run (a script, not a timed test):
 
 Prints a table and, last, one JSON line with every number. Example:
 
-    workbench microbench --model tiny --quick
-    workbench microbench --model small            # ~25M-parameter Qwen3
-    workbench microbench --model small --floor --threads 1   # one request vs the compute floor, by phase
+    workbench microbench --model 2.4m --quick
+    workbench microbench --model 25m              # ~25M-parameter Qwen3
+    workbench microbench --model 25m --floor --threads 1     # one request vs the compute floor, by phase
+
+Model sizes are the named random sizes of `workbench/model/random_checkpoint.py` (shared with the load
+benchmark's `random:<size>`); prompts come from the synthetic workloads of `workbench/engines/workloads.py`.
 """
 
 from __future__ import annotations
@@ -28,23 +31,20 @@ import datetime
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-MODELS = {
-    # ~2.4M parameters
-    "tiny": dict(hidden_size=128, num_layers=12, num_attention_heads=4, num_key_value_heads=2, intermediate_size=384),
-    # ~25M parameters
-    "small": dict(hidden_size=512, num_layers=8, num_attention_heads=8, num_key_value_heads=4, intermediate_size=1536),
-}
+from workbench import tracking
+from workbench.engines.workloads import SyntheticWorkload, WorkloadShape
+from workbench.model.random_checkpoint import SIZES, make_random_checkpoint, random_size
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="workbench microbench", description=__doc__.split("\n")[0])
-    p.add_argument("--model", choices=sorted(MODELS), default="tiny", help="tiny ~2.4M or small ~25M params (random Qwen3)")
+    p.add_argument("--model", choices=list(SIZES), default="2.4m",
+                   help="random Qwen3 size, named by its non-embedding parameters (workbench/model/random_checkpoint.py)")
     p.add_argument("--checkpoint", default=None, help="use this checkpoint instead of a random one")
     p.add_argument("--quick", action="store_true", help="fewer hf requests/candidates and repeats (about a minute)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -79,31 +79,17 @@ def matmul_gflops(dtype, device, n: int = 1024, seconds: float = 1.0) -> float:
     return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e9
 
 
-def build_checkpoint(args, tmp: Path) -> Path:
-    from workbench.testing import make_random_checkpoint
+def build_checkpoint(size: str, sid_depth: int, prompt_len: int, folder: Path) -> Path:
+    """A random Qwen3 checkpoint of a named size whose catalog SIDs are `sid_depth` tokens deep.
 
-    depth_levels = (16,) * (args.new_tokens - 1)
-    print(f"building a random {args.model} Qwen3 checkpoint (SID depth {args.new_tokens}) ...", file=sys.stderr)
-    return make_random_checkpoint(
-        tmp / f"ck_{args.model}", arch="qwen3", n_items=2000, levels=depth_levels, vocab_base=1000,
-        max_position_embeddings=max(1024, args.prompt_len + 64), seed=0, **MODELS[args.model],
-    )
-
-
-def make_requests(args, limits, n, rng, soft=False, beam=None, constrained=True):
-    from workbench.engines.base import BeamSearchRequest, Prompt
-
-    reqs = []
-    for _ in range(n):
-        ids = rng.integers(2, 1000, size=args.prompt_len).tolist()
-        vec, pos = None, None
-        if soft:
-            pos = args.prompt_len // 2
-            ids[pos] = limits.placeholder_id
-            vec = rng.normal(size=limits.user_vector_dim)
-        reqs.append(BeamSearchRequest(Prompt.of(ids, vec, pos), beam_width=beam or args.beam,
-                                      max_new_tokens=args.new_tokens, constrained=constrained))
-    return reqs
+    The catalog is this benchmark's own: 2,000 items and a 1,000-word base vocabulary (the README's
+    recorded runs: 2.64M parameters in all at 2.4m, 26.3M at 25m).
+    """
+    depth_levels = (16,) * (sid_depth - 1)  # the dedup digit is the last level
+    print(f"building a random {size} Qwen3 checkpoint (SID depth {sid_depth}) ...", file=sys.stderr)
+    kw = random_size(size).checkpoint_kwargs() | {"vocab_base": 1000}
+    return make_random_checkpoint(folder / f"ck_{size}", arch="qwen3", n_items=2000, levels=depth_levels,
+                                  max_position_embeddings=max(1024, prompt_len + 64), seed=0, **kw)
 
 
 def timed(coro_fn, repeats: int = 1):
@@ -122,19 +108,12 @@ def check(results):
     return results
 
 
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5).stdout.strip() or "none"
-    except Exception:  # noqa: BLE001
-        return "unknown"
-
-
 def main(argv=None) -> int:
     args = parse_args(argv or [])
     import numpy as np
     import torch
 
-    from workbench.engines.base import Prompt, ScoreRequest
+    from workbench.engines.base import ScoreRequest
     from workbench.engines.registry import create_engine
 
     if args.threads:
@@ -143,28 +122,36 @@ def main(argv=None) -> int:
     hf_cands = min(args.candidates, args.hf_candidates or (50 if args.quick else args.candidates))
     repeats = 1 if args.quick else 2
     tdtype = getattr(torch, args.dtype)
-    rng = np.random.default_rng(0)
     if args.floor:
         from workbench.perf.floorbench import run_floor
 
         with tempfile.TemporaryDirectory() as tmp:
-            ck = Path(args.checkpoint) if args.checkpoint else build_checkpoint(args, Path(tmp))
+            ck = Path(args.checkpoint) if args.checkpoint else build_checkpoint(args.model, args.new_tokens,
+                                                                                args.prompt_len, Path(tmp))
             peak = max(matmul_gflops(tdtype, args.device) for _ in range(3))
-            return run_floor(args, ck, peak)
+            return run_floor(ck, peak, prompt_len=args.prompt_len, beam=args.beam, new_tokens=args.new_tokens,
+                             dtype=args.dtype, device=args.device, quick=args.quick)
     with tempfile.TemporaryDirectory() as tmp:
-        ck = Path(args.checkpoint) if args.checkpoint else build_checkpoint(args, Path(tmp))
+        ck = Path(args.checkpoint) if args.checkpoint else build_checkpoint(args.model, args.new_tokens,
+                                                                            args.prompt_len, Path(tmp))
+
+        def workload(kind: str = "beam_search", beam: int = args.beam, soft: bool = False) -> SyntheticWorkload:
+            shape = WorkloadShape(kind, prompt_tokens=args.prompt_len, beam_width=beam, max_new_tokens=args.new_tokens,
+                                  constrained=True, candidates=args.candidates, candidate_tokens=5)
+            return SyntheticWorkload.from_checkpoint(shape, ck, soft_token=soft)
+
+        beam_workload = workload()
         te = create_engine("torch", ck, dtype=args.dtype, device=args.device, max_batch_tokens=args.max_batch_tokens,
                            max_candidates=max(1024, args.candidates))
         he = create_engine("hf", ck, dtype=args.dtype, device=args.device, max_candidates=max(1024, args.candidates))
-        lim = te.limits
         n_params = te.lm.n_params()
         peak = matmul_gflops(tdtype, args.device)
         print(f"model {args.model}: {n_params / 1e6:.2f}M params, {args.dtype}, matmul {peak:.0f} GFLOP/s", file=sys.stderr)
 
         # warm-up
-        check(asyncio.run(te.beam_search(make_requests(args, lim, 2, rng))))
+        check(asyncio.run(te.beam_search(beam_workload.requests(2))))
         # beam search: torch, 32 concurrent
-        reqs = make_requests(args, lim, args.concurrency, rng)
+        reqs = beam_workload.requests(args.concurrency, first=2)
         te.reset_stats()
         t_torch, res = timed(lambda: te.beam_search(reqs), repeats)
         check(res)
@@ -182,13 +169,12 @@ def main(argv=None) -> int:
         hres = check(asyncio.run(he.beam_search(reqs[:hf_requests])))
         t_hf = (time.perf_counter() - t0) / hf_requests
         same = all([b.token_ids for b in a.beams] == [b.token_ids for b in h.beams] for a, h in zip(res, hres))
-        # soft token overhead: the same prompts with the placeholder (soft) vs a plain token there;
-        # alternated and min-of-repeats so machine noise does not masquerade as overhead
+        # soft token overhead: the same prompts with the placeholder (soft) vs a plain token there (the
+        # workloads draw the same ids for an index either way); alternated and min-of-repeats so machine
+        # noise does not masquerade as overhead
         n_soft = max(4, args.concurrency // (8 if args.quick else 2))
-        soft = make_requests(args, lim, n_soft, rng, soft=True)
-        half = args.prompt_len // 2
-        plain = [type(r)(type(r.prompt).of(r.prompt.token_ids[:half] + (3,) + r.prompt.token_ids[half + 1 :]),
-                         r.beam_width, r.max_new_tokens, r.constrained) for r in soft]
+        soft = workload(soft=True).requests(n_soft)
+        plain = beam_workload.requests(n_soft)
         t_plain = t_soft = float("inf")
         for _ in range(3):
             t_plain = min(t_plain, timed(lambda: te.beam_search(plain))[0])
@@ -199,13 +185,11 @@ def main(argv=None) -> int:
         kv = {}
         for b in (args.beam, 1):
             te.reset_stats()
-            check(asyncio.run(te.beam_search(make_requests(args, lim, 1, rng, beam=b))))
+            check(asyncio.run(te.beam_search(workload(beam=b).requests(1))))
             kv[b] = (te.stats.peak_kv_bytes, te.stats.peak_kv_bytes_if_copied)
         # scoring: one pass vs fan-out
-        prompt = Prompt.of(rng.integers(2, 1000, size=args.prompt_len).tolist())
-        cands = tuple(tuple(rng.integers(2, lim.vocab_size, size=5).tolist())
-                      for _ in range(args.candidates))
-        sreq = ScoreRequest(prompt, cands)
+        sreq = workload("scoring").request(0)
+        prompt, cands = sreq.prompt, sreq.candidates
         t_score, sres = timed(lambda: te.score([sreq]), repeats)
         check(sres)
         print(f"hf fan-out scoring of {hf_cands} candidates ...", file=sys.stderr)
@@ -218,7 +202,7 @@ def main(argv=None) -> int:
     per_req_torch = t_torch / args.concurrency
     out = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "commit": git_commit(),
+        "commit": tracking.git_commit(),
         "hardware": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch threads {torch.get_num_threads()}",
         "torch": torch.__version__,
         "model": args.model,

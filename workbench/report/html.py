@@ -29,17 +29,10 @@ from workbench.load.metrics import METRIC_NAMES
 
 JOIN_TAGS: tuple[str, ...] = (names.TAG_CHECKPOINT, names.TAG_ENGINE, names.TAG_MODE, names.TAG_DTYPE)
 COMPARE_TAGS: tuple[str, ...] = JOIN_TAGS + (names.TAG_WORKLOAD,)
-LOAD_STAGE = "load"  # bench.STAGE: one child run per engine x checkpoint
-SWEEP_STAGE = "load_sweep"  # bench.PARENT_STAGE: the sweep's parent run
-
-def mlflow_metric_name(name: str) -> str:
-    """MLflow refuses '@' in metric names; the quality stage logs "quality/recall@10" as "quality/recall_at_10"."""
-    return name.replace("@", "_at_")
-
 
 def default_quality_metric() -> str:
     """The quality column of the Pareto plots: Recall@10 as logged in MLflow."""
-    return mlflow_metric_name(names.recall_at(10))
+    return names.metric_name(names.recall_at(10))
 
 
 class IncomparableRuns(ValueError):
@@ -102,7 +95,7 @@ def _latest_sweeps(runs) -> set[str]:
     """Run ids of the most recent load sweep (parent run) of each experiment among `runs`."""
     latest: dict[str, Any] = {}
     for r in runs:
-        if r.data.tags.get(names.TAG_STAGE) == SWEEP_STAGE:
+        if r.data.tags.get(names.TAG_STAGE) == names.STAGE_LOAD_SWEEP:
             cur = latest.get(r.info.experiment_id)
             if cur is None or r.info.start_time > cur.info.start_time:
                 latest[r.info.experiment_id] = r
@@ -135,21 +128,21 @@ def collect_study(experiment: str | Sequence[str], quality_metric: str | None = 
     for r in runs:
         t, m = r.data.tags, r.data.metrics
         stage = t.get(names.TAG_STAGE)
-        if keep is not None and stage in (LOAD_STAGE, SWEEP_STAGE):
-            sweep = r.info.run_id if stage == SWEEP_STAGE else t.get("mlflow.parentRunId")
+        if keep is not None and stage in (names.STAGE_LOAD, names.STAGE_LOAD_SWEEP):
+            sweep = r.info.run_id if stage == names.STAGE_LOAD_SWEEP else t.get("mlflow.parentRunId")
             if sweep not in keep:
                 continue
-        if stage == LOAD_STAGE:
+        if stage == names.STAGE_LOAD:
             row = _summary_row(r)
             summary.append(row)
             if r.info.status == "FINISHED":
                 for p in _metric_history_points(client, r):
                     points.append({"run_id": r.info.run_id, "series": row["series"], "engine": row["engine"],
                                    "method": row["method"], "workload": row["workload"], **p})  # fmt: skip
-        elif stage == SWEEP_STAGE:
+        elif stage == names.STAGE_LOAD_SWEEP:
             parents.append({
                 "name": t.get("mlflow.runName", ""), "run_id": r.info.run_id, "status": r.info.status,
-                "commit": t.get(names.TAG_GIT_COMMIT, "unknown"), "slo_source": t.get("workbench.slo_source", ""),
+                "commit": t.get(names.TAG_GIT_COMMIT, "unknown"), "slo_source": t.get(names.TAG_SLO_SOURCE, ""),
                 "start": _dt.datetime.fromtimestamp(r.info.start_time / 1000).isoformat(timespec="seconds"),
                 "config": _load_artifact_dict(client, r.info.run_id, "config.json"),
                 "environment": _load_artifact_dict(client, r.info.run_id, "environment.json"),
@@ -172,16 +165,16 @@ def _summary_row(r) -> dict:
     t, m = r.data.tags, r.data.metrics
     sat = m.get(names.SATURATION_QPS)
     return {
-        "series": t.get("workbench.series", t.get(names.TAG_ENGINE, "?")), "engine": t.get(names.TAG_ENGINE),
+        "series": t.get(names.TAG_SERIES, t.get(names.TAG_ENGINE, "?")), "engine": t.get(names.TAG_ENGINE),
         "method": t.get(names.TAG_METHOD), "workload": t.get(names.TAG_WORKLOAD), "mode": t.get(names.TAG_MODE),
         "dtype": t.get(names.TAG_DTYPE), "checkpoint": t.get(names.TAG_CHECKPOINT),
-        "transport": t.get("workbench.transport"), "status": r.info.status, "run_id": r.info.run_id,
+        "transport": t.get(names.TAG_TRANSPORT), "status": r.info.status, "run_id": r.info.run_id,
         "unloaded_p50_ms": m.get("latency/unloaded_p50_ms", math.nan), "slo_ms": m.get("load/slo_ms", math.nan),
         "saturation_qps": sat if sat else math.nan,
         "usd_per_1m": m.get(names.COST_PER_1M, math.inf), "relative_cost": m.get(names.COST_RELATIVE, math.nan),
         "relative_cost_method": m.get(names.COST_RELATIVE_METHOD, math.nan),
         "client_cpu_share_max": m.get("load/client_cpu_share_max", math.nan),
-        "error": t.get("workbench.error", ""),
+        "error": t.get(names.TAG_ERROR, ""),
         "tags": {k: t.get(k) for k in COMPARE_TAGS},
     }  # fmt: skip
 

@@ -1,6 +1,6 @@
 """`workbench run`: an experiment's stages, each cached by the config that produced it, all in MLflow.
 
-    ctx = run_experiment(load_config("experiments/quickstart.yaml"), "experiments/quickstart.yaml")
+    ctx = run_experiment(load_study("experiments/quickstart.yaml"), "experiments/quickstart.yaml")
 
 Stages run in a fixed order, each a function of a `StageContext` (`STAGES[name](ctx)`):
 
@@ -10,11 +10,10 @@ Stages run in a fixed order, each a function of a `StageContext` (`STAGES[name](
     train         workbench.study.stages.train_stage(ctx)      (imported only when run)
     evaluate      workbench.study.stages.evaluate_stage(ctx)
 
-Caching: each stage's products live in `data/cache/<stage>/<key>/`, where the key is
-`config.section_hash` of the config sections the stage reads plus the keys of the stages it
-depends on, so re-running is instant and changing any knob a stage depends on recomputes it (and
-everything downstream). A cache folder counts only once its `done.json` is written last, so an
-interrupted run never leaves a half cache that looks complete.
+Caching (`workbench.cache.cached`): each stage's products live in `data/cache/<stage>/<key>/`,
+where the key is `config.section_hash` of the config sections the stage reads plus the keys of the
+stages it depends on, so re-running is instant and changing any knob a stage depends on recomputes
+it (and everything downstream).
 
 Tracking: one parent MLflow run per run of an experiment file (experiment name:
 `tracking.experiment` or the config's `name`), one child run per stage with its stats, timings
@@ -25,127 +24,27 @@ FINISHED with everything they logged. Asking for a later stage runs the stages i
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 from workbench import names
-from workbench.config import ExperimentConfig, section_hash
-from workbench.paths import cache_dir
+from workbench.config import StudyConfig, section_hash
+from workbench.cache import cached
+from workbench.study.context import NullRun, StageContext
 
-STAGE_ORDER = ("data", "embeddings", "semantic_ids", "train", "evaluate")
+STAGE_ORDER = names.STAGES
 DEPENDS = {
     "data": (),
     "embeddings": ("data",),
     "semantic_ids": ("embeddings",),
     "train": ("semantic_ids",),
-    "evaluate": ("semantic_ids",),
+    "evaluate": ("train",),  # evaluates the models `train` picked (cache hits when nothing changed)
 }
 CACHE_FORMAT = 1  # bump to invalidate every cache written by an older layout of this module
 SUPPORTED_TEXT_MODELS = ("all-MiniLM-L6-v2",)
-
-
-class _NullRun:
-    """Stands in for an MLflow run when stages run untracked (`prepare_context`)."""
-
-    run_id = None
-
-    def __getattr__(self, name: str) -> Callable[..., None]:
-        if name.startswith("log_") or name == "set_tags":
-            return lambda *a, **k: None
-        raise AttributeError(name)
-
-
-@dataclass
-class StageContext:
-    """Everything a stage needs: the config, the live runs and the products of earlier stages."""
-
-    cfg: ExperimentConfig
-    experiment_file: str | None = None
-    parent: Any = None  # parent run handle (tracking._RunHandle) or None when untracked
-    run: Any = None  # the current stage's child run handle (or a no-op stand-in)
-    # data
-    dataset: Any = None  # workbench.data.movielens.Dataset
-    split: Any = None  # workbench.data.splits.Split
-    # embeddings
-    text_vectors: np.ndarray | None = None  # [n_items, 384] or None when not needed
-    als: Any = None  # workbench.sids.embeddings.AlsModel (user_factors = train-history user vectors)
-    # semantic ids
-    item_vectors: np.ndarray | None = None  # what the item quantizer encoded
-    item_sids: dict[str, Any] = field(default_factory=dict)  # kind -> quantize.ItemSids (every fitted kind)
-    item_codes: np.ndarray | None = None  # [n_items, levels + 1] of `semantic_ids.kind`, dedup digit last
-    item_codebooks: tuple[int, ...] = ()
-    dedup_size: int = 0
-    user_quantizer: Any = None  # quantize.RQKMeans | RQVAE over ALS user vectors
-    user_codes: np.ndarray | None = None  # [n_users, user levels] from the full train history
-    catalog: Any = None  # semantic_ids.Catalog with base_vocab_size 0 (use catalog_for(base) for a model)
-    # bookkeeping
-    keys: dict[str, str] = field(default_factory=dict)  # stage -> cache key
-    cache_hits: dict[str, bool] = field(default_factory=dict)
-    stats: dict[str, dict] = field(default_factory=dict)  # stage -> logged metrics
-    timings: dict[str, float] = field(default_factory=dict)  # stage -> wall seconds
-    products: dict[str, Any] = field(default_factory=dict)  # later stages put their results here
-
-    @property
-    def sid_version(self) -> str:
-        """Hash of the semantic-id config + upstream data that produced the codes (for checkpoints)."""
-        return self.keys["semantic_ids"]
-
-    @property
-    def user_codebooks(self) -> tuple[int, ...]:
-        return tuple(self.user_quantizer.codebook_sizes) if self.user_quantizer is not None else ()
-
-    def layout(self, base_vocab_size: int):
-        """The SidLayout of these SIDs for a tokenizer with `base_vocab_size` tokens."""
-        return sid_layout(self.item_codebooks, self.dedup_size, self.user_codebooks, base_vocab_size)
-
-    def catalog_for(self, base_vocab_size: int):
-        from workbench.sids.layout import Catalog
-
-        return Catalog(self.item_codes, self.layout(base_vocab_size))
-
-    def user_vectors_as_of(self, item_lists) -> np.ndarray:
-        """ALS user vectors folded in from each item list (item factors fixed): [n, factors]."""
-        from workbench.sids.embeddings import fold_in_users
-
-        return fold_in_users(self.als, item_lists)
-
-    def user_codes_as_of(self, item_lists) -> np.ndarray:
-        """User SID codes [n, user levels] as of each item list (fold-in, then the user quantizer)."""
-        return self.user_quantizer.encode(self.user_vectors_as_of(item_lists))
-
-
-def sid_layout(item_codebooks, dedup_size: int, user_codebooks, base_vocab_size: int):
-    """SidLayout from fitted quantizer sizes; the one place the pipeline's SIDs become token blocks."""
-    from workbench.sids.layout import SidLayout
-
-    return SidLayout(
-        base_vocab_size=int(base_vocab_size),
-        item_codebooks=tuple(int(x) for x in item_codebooks),
-        dedup_size=int(dedup_size),
-        user_codebooks=tuple(int(x) for x in user_codebooks),
-    )
-
-
-# ---- cache helpers ------------------------------------------------------------------------------
-def _done(folder: Path) -> dict | None:
-    f = folder / "done.json"
-    if not f.exists():
-        return None
-    try:
-        return json.loads(f.read_text())
-    except ValueError:
-        return None
-
-
-def _mark_done(folder: Path, info: dict) -> None:
-    tmp = folder / "done.json.tmp"
-    tmp.write_text(json.dumps(info, indent=2, default=float))
-    tmp.replace(folder / "done.json")
 
 
 def _say(msg: str) -> None:
@@ -159,23 +58,22 @@ def stage_data(ctx: StageContext) -> None:
 
     cfg = ctx.cfg
     key = section_hash("data", CACHE_FORMAT, cfg.dataset, cfg.split)
-    folder = cache_dir("data", key)
-    info = _done(folder)
-    if info is None:
+
+    def compute(folder: Path):
         t0 = time.perf_counter()
         ds = load_movielens(cfg.dataset.name)
         ds = filter_dataset(ds, cfg.dataset.min_rating, cfg.dataset.min_user_interactions)
         split = leave_one_out(ds.interactions, ds.n_users, ds.n_items, cfg.split.max_history)
         ds.save(folder / "dataset")
         split.save(folder / "split")
-        stats = {**ds.stats(), **split.stats(), "time/compute/data_s": time.perf_counter() - t0}
-        _mark_done(folder, {"stats": stats})
-        ctx.cache_hits["data"] = False
-    else:
+        return (ds, split), {"stats": {**ds.stats(), **split.stats(), "time/compute/data_s": time.perf_counter() - t0}}
+
+    def load(folder: Path, info: dict):
         ds = Dataset.load(folder / "dataset")
-        split = Split.load(folder / "split", ds.n_users, ds.n_items, cfg.split.max_history)
-        stats = info["stats"]
-        ctx.cache_hits["data"] = True
+        return ds, Split.load(folder / "split", ds.n_users, ds.n_items, cfg.split.max_history)
+
+    (ds, split), info, ctx.cache_hits["data"] = cached("data", key, compute, load, say=_say)
+    stats = info["stats"]
     ctx.dataset, ctx.split, ctx.keys["data"] = ds, split, key
     ctx.stats["data"] = stats
     ctx.run.log_metrics(stats)
@@ -188,7 +86,7 @@ def stage_data(ctx: StageContext) -> None:
 
 
 # ---- stage: embeddings --------------------------------------------------------------------------
-def _needs_text(cfg: ExperimentConfig) -> bool:
+def _needs_text(cfg: StudyConfig) -> bool:
     return cfg.semantic_ids.item_vectors in ("text", "both")
 
 
@@ -220,25 +118,21 @@ def stage_embeddings(ctx: StageContext) -> None:
     text_key = None
     if _needs_text(cfg):
         text_key = section_hash("text", CACHE_FORMAT, emb.text_model, ctx.keys["data"])
-        folder = cache_dir("text_embeddings", text_key)
-        info = _done(folder)
-        if info is None:
+
+        def compute_text(folder: Path):
             t0 = time.perf_counter()
             text = text_embeddings(item_texts(ctx.dataset.items), batch_size=emb.batch_size)
             np.save(folder / "text.npy", text)
             text_s = time.perf_counter() - t0
-            info = {"stats": {"time/compute/text_embeddings_s": text_s, "embeddings/text_dim": text.shape[1]}}
-            _mark_done(folder, info)
-            hits.append(False)
-        else:
-            text = np.load(folder / "text.npy")
-            hits.append(True)
+            return text, {"stats": {"time/compute/text_embeddings_s": text_s, "embeddings/text_dim": text.shape[1]}}
+
+        text, info, hit = cached("text_embeddings", text_key, compute_text, lambda f, i: np.load(f / "text.npy"), _say)
+        hits.append(hit)
         stats.update(info["stats"])
     als_part = emb.model_dump(exclude={"text_model", "batch_size"})
     als_key = section_hash("als", CACHE_FORMAT, als_part, cfg.seed, ctx.keys["data"])
-    folder = cache_dir("als", als_key)
-    info = _done(folder)
-    if info is None:
+
+    def compute_als(folder: Path):
         t0 = time.perf_counter()
         als = fit_als(
             ctx.split.train_sequences(),
@@ -252,12 +146,10 @@ def stage_embeddings(ctx: StageContext) -> None:
         fit_s = time.perf_counter() - t0
         als.save(folder / "als.npz")
         recall = _als_valid_recall(als, ctx.split)
-        info = {"stats": {"time/compute/als_s": fit_s, "embeddings/als_valid_recall_at_10": recall}}
-        _mark_done(folder, info)
-        hits.append(False)
-    else:
-        als = AlsModel.load(folder / "als.npz")
-        hits.append(True)
+        return als, {"stats": {"time/compute/als_s": fit_s, "embeddings/als_valid_recall_at_10": recall}}
+
+    als, info, hit = cached("als", als_key, compute_als, lambda f, i: AlsModel.load(f / "als.npz"), _say)
+    hits.append(hit)
     stats.update(info["stats"])
     stats["embeddings/als_factors"] = als.factors
     ctx.text_vectors, ctx.als = text, als
@@ -293,11 +185,10 @@ def stage_semantic_ids(ctx: StageContext) -> None:
     sid, usid = cfg.semantic_ids, cfg.user_sids
     kinds = list(dict.fromkeys([sid.kind, *sid.also_fit]))  # downstream kind first, no repeats
     key = section_hash("semantic_ids", CACHE_FORMAT, sid, usid, cfg.seed, ctx.keys["embeddings"])
-    folder = cache_dir("semantic_ids", key)
     x = item_vectors(sid.item_vectors, ctx.text_vectors, ctx.als.item_factors)
-    info = _done(folder)
-    results: dict[str, ItemSids] = {}
-    if info is None:
+
+    def compute(folder: Path):
+        results: dict[str, ItemSids] = {}
         timings: dict[str, float] = {}
         per_kind: dict[str, dict] = {}
         for kind in kinds:
@@ -316,9 +207,10 @@ def stage_semantic_ids(ctx: StageContext) -> None:
         uq.save(folder / "user_quantizer.npz")
         np.save(folder / "user_codes.npy", ucodes)
         user_stats = quantizer_stats(uq, ctx.als.user_factors, ucodes)
-        _mark_done(folder, {"per_kind": per_kind, "user": user_stats, "timings": timings})
-        ctx.cache_hits["semantic_ids"] = False
-    else:
+        return (results, uq, ucodes), {"per_kind": per_kind, "user": user_stats, "timings": timings}
+
+    def load(folder: Path, info: dict):
+        results: dict[str, ItemSids] = {}
         for kind in kinds:
             codes = np.load(folder / f"item_codes_{kind}.npy")
             results[kind] = ItemSids(
@@ -328,10 +220,10 @@ def stage_semantic_ids(ctx: StageContext) -> None:
                 item_codes=add_dedup_digit(codes),
                 stats=info["per_kind"][kind],
             )
-        uq = load_quantizer(folder / "user_quantizer.npz")
-        ucodes = np.load(folder / "user_codes.npy")
-        user_stats, timings = info["user"], info["timings"]
-        ctx.cache_hits["semantic_ids"] = True
+        return results, load_quantizer(folder / "user_quantizer.npz"), np.load(folder / "user_codes.npy")
+
+    (results, uq, ucodes), info, ctx.cache_hits["semantic_ids"] = cached("semantic_ids", key, compute, load, _say)
+    user_stats, timings = info["user"], info["timings"]
 
     main = results[sid.kind]
     ctx.item_vectors, ctx.item_sids = x, results
@@ -356,7 +248,7 @@ def stage_semantic_ids(ctx: StageContext) -> None:
     stats[names.USER_SID_SHARED] = user_shared
     ctx.stats["semantic_ids"] = stats
     ctx.run.log_metrics(stats)
-    ctx.run.set_tags({"workbench.sid_kind": sid.kind, "workbench.sid_version": key})
+    ctx.run.set_tags({names.TAG_SID_KIND: sid.kind, names.TAG_SID_VERSION: key})
     ctx.run.log_dict(
         {"semantic_ids": sid.model_dump(mode="json"), "user_sids": usid.model_dump(mode="json"),
          "layout": ctx.layout(0).to_dict()},
@@ -375,7 +267,7 @@ def _log_sid_figures(ctx: StageContext, results: dict, user_stats: dict) -> None
     from workbench.sids import figures as sf
 
     run = ctx.run
-    if isinstance(run, _NullRun):
+    if isinstance(run, NullRun):
         return
     main = results[ctx.cfg.semantic_ids.kind]
     run.log_figure(sf.utilization_figure({k: r.stats for k, r in results.items()}), "figures/sid_utilization.html")
@@ -440,23 +332,23 @@ def _run_stage(ctx: StageContext, name: str, index: int, total: int) -> None:
     ctx.run.log_metrics({f"time/stage_{name}_s": ctx.timings[name]})
     if name in ctx.keys:
         hit = ctx.cache_hits.get(name, False)
-        ctx.run.set_tags({names.TAG_CONFIG_HASH: ctx.keys[name], "workbench.cache_hit": hit})
+        ctx.run.set_tags({names.TAG_CONFIG_HASH: ctx.keys[name], names.TAG_CACHE_HIT: hit})
     _say(f"  {name} done in {ctx.timings[name]:.1f}s" + (" (cached)" if ctx.cache_hits.get(name) else ""))
 
 
-def run_experiment(cfg: ExperimentConfig, experiment_file: str | Path | None = None, stages=None) -> StageContext:
+def run_experiment(cfg: StudyConfig, experiment_file: str | Path | None = None, stages=None) -> StageContext:
     """Run `stages` (default: the config's) with a parent MLflow run and one child run per stage."""
     from workbench import tracking
 
     order = resolve_stages(stages if stages else cfg.stages)
     ctx = StageContext(cfg=cfg, experiment_file=str(experiment_file) if experiment_file else None)
-    experiment = cfg.tracking.experiment or cfg.name
+    experiment = cfg.experiment_name
     with tracking.start_run(
         cfg.name,
         experiment=experiment,
         config=cfg,
         experiment_file=ctx.experiment_file,
-        tags={names.TAG_DATASET: cfg.dataset.name, "workbench.stages": ",".join(order)},
+        tags={names.TAG_DATASET: cfg.dataset.name, names.TAG_STAGES: ",".join(order)},
     ) as parent:
         ctx.parent = parent
         try:
@@ -475,10 +367,10 @@ def run_experiment(cfg: ExperimentConfig, experiment_file: str | Path | None = N
     return ctx
 
 
-def prepare_context(cfg: ExperimentConfig, stages=("data", "embeddings", "semantic_ids")) -> StageContext:
+def prepare_context(cfg: StudyConfig, stages=("data", "embeddings", "semantic_ids")) -> StageContext:
     """Run (or load from cache) stages without MLflow: for notebooks, tests and other stages' helpers."""
     ctx = StageContext(cfg=cfg)
-    ctx.run = _NullRun()
+    ctx.run = NullRun()
     order = resolve_stages(stages)
     for i, name in enumerate(order, 1):
         _run_stage(ctx, name, i, len(order))

@@ -29,9 +29,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from workbench.names import METHODS
 from workbench.sids.layout import SidLayout
 
-METHODS = ("none", "none_long", "text_history", "user_sid", "soft_token")
 NEEDS_VECTOR = ("user_sid", "soft_token")  # methods that fold the user in
 
 TEMPLATES = {

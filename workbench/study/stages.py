@@ -7,8 +7,8 @@ SASRec) are evaluated on the same users. Results go to MLflow: one child run per
 under the experiment's parent run, and on the parent the comparison table (CSV artifact) and
 plotly figures. The table is printed at the end.
 
-Caching (resume after an interruption): every trained model lives in
-`data/cache/train/<key>/` (checkpoint + result.json, written last), every evaluation in
+Caching (resume after an interruption; `workbench.cache.cached`): every trained model lives in
+`data/cache/train/<key>/` (checkpoint; its TrainResult in done.json, written last), every evaluation in
 `data/cache/eval/<key>/`, SASRec in `data/cache/sasrec/<key>/`. Keys hash the config sections a
 step reads plus the upstream stage keys, so a changed knob recomputes exactly what depends on it.
 """
@@ -16,7 +16,6 @@ step reads plus the upstream stage keys, so a changed knob recomputes exactly wh
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from workbench import names
-from workbench.config import section_hash
+from workbench.config import section_hash, settings_from
+from workbench.cache import cached, read_done
 from workbench.paths import cache_dir
 
 CACHE_FORMAT = 2  # 2: sliding-window SASRec, mask-free right-padded training (older caches are stale)
@@ -105,49 +105,49 @@ def valid_users(cfg, inp: StudyInputs, seed: int) -> np.ndarray:
 
 
 def train_one(cfg, inp: StudyInputs, method: str, seed: int, lr: float, log_fn=None):
-    """Train (or load from cache) one (method, seed, lr); returns a TrainResult."""
-    from workbench.study.prompts import eval_examples, length_stats, train_examples
-    from workbench.study.train import TrainResult, TrainSettings, train_model
+    """Train (or load from cache) one (method, seed, lr); returns (TrainResult, cache hit)."""
+    from workbench.study.train import TrainResult
 
-    key = _train_key(cfg, inp, method, lr, seed)
-    folder = cache_dir("train", key)
-    done = folder / "result.json"
-    if done.exists():
-        res = TrainResult.from_dict(json.loads(done.read_text()))
-        if res.checkpoint.exists():
-            return res, True
+    def load(folder: Path, info: dict):
+        res = TrainResult.from_dict(info)
+        if not res.checkpoint.exists():
+            raise KeyError(f"checkpoint {res.checkpoint} missing")
+        return res
+
+    def compute(folder: Path):
+        res = _train(cfg, inp, method, seed, lr, folder, log_fn)
+        return res, res.to_dict()
+
+    res, _, hit = cached("train", _train_key(cfg, inp, method, lr, seed), compute, load, _say)
+    return res, hit
+
+
+def _train(cfg, inp: StudyInputs, method: str, seed: int, lr: float, folder: Path, log_fn):
+    from workbench.study.prompts import eval_examples, length_stats, train_examples
+    from workbench.study.train import TrainSettings, train_model
+
     t = cfg.training
     bb = new_backbone(cfg, inp, seed)
     builder = build_prompt_builder(cfg, bb, inp, method)
     train_set = train_examples(builder, inp.interactions, t.targets_per_user, inp.encoder)
     valid_set = eval_examples(builder, inp.interactions, "valid", inp.encoder, users=valid_users(cfg, inp, seed))
-    st = TrainSettings(
-        epochs=t.epochs, batch_size=t.batch_size, lr=lr, weight_decay=t.weight_decay, warmup_ratio=t.warmup_ratio,
-        patience=t.patience, bf16=t.bf16, max_steps=t.max_steps, seed=seed, trainable=cfg.model.trainable,
-        projector=cfg.model.projector,
-    )
+    st = settings_from(TrainSettings, cfg.training, cfg.model, lr=lr, seed=seed)
     _say(f"  training {method} seed={seed} lr={lr:g}: {len(train_set)} examples, "
          f"prompt tokens mean {train_set.lengths().mean():.0f}")
     res = train_model(bb, train_set, valid_set, inp.item_codes, folder, st, sid_version=inp.sid_version,
                       user_dim=inp.encoder.dim if method == "soft_token" else None, log_fn=log_fn)
     res.history.append({"prompt": length_stats(train_set)})
-    done.write_text(json.dumps(res.to_dict(), indent=2, default=float))
-    return res, False
-
-
-def mlflow_name(key: str) -> str:
-    """MLflow refuses '@' in metric names: "quality/recall@10" is logged as "quality/recall_at_10"."""
-    return key.replace("@", "_at_")
+    return res
 
 
 class _SafeRun:
-    """Wraps a run handle so metric names are MLflow-safe (see `mlflow_name`)."""
+    """Wraps a run handle so metric names are MLflow-safe (`names.metric_name`)."""
 
     def __init__(self, run):
         self._run = run
 
     def log_metrics(self, metrics: dict, step: int | None = None) -> None:
-        self._run.log_metrics({mlflow_name(k): v for k, v in metrics.items()}, step)
+        self._run.log_metrics({names.metric_name(k): v for k, v in metrics.items()}, step)
 
     def __getattr__(self, name):
         return getattr(self._run, name)
@@ -159,9 +159,9 @@ def _child(ctx, name: str, tags: dict):
     from workbench import tracking
 
     if ctx.parent is None:
-        from workbench.study.pipeline import _NullRun
+        from workbench.study.context import NullRun
 
-        return contextlib.nullcontext(_NullRun())
+        return contextlib.nullcontext(NullRun())
 
     @contextlib.contextmanager
     def wrapped():
@@ -189,16 +189,16 @@ def train_stage(ctx) -> dict:
         for seed in cfg.training.seeds:
             cands = []
             for lr in cfg.training.lr_grid:
-                tags = {names.TAG_STAGE: "train", names.TAG_METHOD: method, "workbench.seed": seed, "workbench.lr": lr}
+                tags = {names.TAG_STAGE: "train", names.TAG_METHOD: method, names.TAG_SEED: seed, names.TAG_LR: lr}
                 with _child(ctx, f"train/{method}/seed{seed}/lr{lr:g}", tags) as run:
                     res, hit = train_one(cfg, inp, method, seed, lr, log_fn=run.log_metrics)
                     if hit:
                         for row in res.history:
                             if "epoch" in row:
-                                run.log_metrics({"train/epoch_loss": row["train_loss"], "valid/recall_at_10": row["valid_recall10"]}, row["step"])
-                    run.log_metrics({"train/best_valid_recall_at_10": res.best_valid_recall10, "train/steps": res.steps,
+                                run.log_metrics({names.TRAIN_EPOCH_LOSS: row["train_loss"], names.VALID_RECALL10: row[names.VALID_RECALL10]}, row["step"])
+                    run.log_metrics({names.BEST_VALID_RECALL10: res.best_valid_recall10, "train/steps": res.steps,
                                      "train/tokens": res.train_tokens, "train/flops": res.flops, "train/wall_s": res.wall_s})
-                    run.set_tags({"workbench.cache_hit": hit, names.TAG_CHECKPOINT: str(res.checkpoint)})
+                    run.set_tags({names.TAG_CACHE_HIT: hit, names.TAG_CHECKPOINT: str(res.checkpoint)})
                 cands.append(res)
                 grid_log.append({"method": method, "seed": seed, "lr": lr, "valid_recall10": res.best_valid_recall10,
                                  "cached": hit})
@@ -234,19 +234,21 @@ def sasrec(cfg, inp: StudyInputs, log_fn=None):
 
     st = SasrecSettings(max_len=cfg.methods.long_m, epochs=cfg.evaluation.sasrec_epochs, seed=cfg.seed)
     key = section_hash("sasrec", CACHE_FORMAT, SASREC_FORMAT, st.__dict__, inp.upstream_key)
-    folder = cache_dir("sasrec", key)
-    if (folder / "done.json").exists():
+
+    def load(folder: Path, info: dict):
         model = _build(inp.interactions.n_items, st)
         model.load_state_dict(torch.load(folder / "model.pt"))
-        model.eval()
-        return model, st, json.loads((folder / "done.json").read_text())
-    d = inp.interactions
-    res = train_sasrec(d.train, d.valid, d.n_items, st, log_fn=log_fn)
-    torch.save(res.model.state_dict(), folder / "model.pt")
-    info = {"best_epoch": res.best_epoch, "best_valid_ndcg10": res.best_valid_ndcg10, "wall_s": res.wall_s,
-            "history": res.history}
-    (folder / "done.json").write_text(json.dumps(info, indent=2))
-    return res.model, st, info
+        return model.eval()
+
+    def compute(folder: Path):
+        d = inp.interactions
+        res = train_sasrec(d.train, d.valid, d.n_items, st, log_fn=log_fn)
+        torch.save(res.model.state_dict(), folder / "model.pt")
+        return res.model, {"best_epoch": res.best_epoch, "best_valid_ndcg10": res.best_valid_ndcg10,
+                           "wall_s": res.wall_s, "history": res.history}
+
+    model, info, _ = cached("sasrec", key, compute, load, _say)
+    return model, st, info
 
 
 def _eval_key(cfg, train_ckpt: Path, users: np.ndarray, rerank_cands) -> str:
@@ -295,9 +297,9 @@ def trained_checkpoint(cfg, inp: StudyInputs, method: str, seed: int | None = No
     seed = cfg.training.seeds[0] if seed is None else seed
     found = []
     for lr in cfg.training.lr_grid:
-        done = cache_dir("train", _train_key(cfg, inp, method, lr, seed)) / "result.json"
-        if done.exists():
-            res = TrainResult.from_dict(json.loads(done.read_text()))
+        info = read_done(cache_dir("train", _train_key(cfg, inp, method, lr, seed)))
+        if info is not None:
+            res = TrainResult.from_dict(info)
             if res.checkpoint.exists():
                 found.append(res)
     if len(found) < len(cfg.training.lr_grid):
@@ -306,12 +308,11 @@ def trained_checkpoint(cfg, inp: StudyInputs, method: str, seed: int | None = No
     return max(found, key=lambda r: r.best_valid_recall10).checkpoint
 
 
-def study_test_prompts(cfg, checkpoint: Path, inp: StudyInputs | None = None):
-    """The test prompts of the study `cfg` for a checkpoint it trained (its method, its test users)."""
+def study_test_prompts(cfg, checkpoint: Path, inp: StudyInputs):
+    """The test prompts of the study `cfg` for a checkpoint it trained (its method, its test users);
+    `inp`: `inputs_from_context(prepare_context(cfg))`."""
     from workbench.model.checkpoint import read_meta
-    from workbench.study.pipeline import prepare_context
 
-    inp = inp or inputs_from_context(prepare_context(cfg))
     meta = read_meta(checkpoint)
     if meta.sid_version != inp.sid_version:
         raise StudyError(f"{checkpoint} was trained on other Semantic IDs (sid_version {meta.sid_version}) than the "
@@ -321,21 +322,24 @@ def study_test_prompts(cfg, checkpoint: Path, inp: StudyInputs | None = None):
 
 def evaluate_method(cfg, inp: StudyInputs, method: str, res, users: np.ndarray, rerank_cands, progress=True) -> dict:
     """Metrics + per-user arrays of one trained checkpoint on the test users (cached)."""
+
+    def load(folder: Path, metrics: dict):
+        z = np.load(folder / "per_user.npz")
+        return {"metrics": metrics, "per_user": {k: z[k] for k in z.files if k.startswith("quality/")},
+                "rerank_per_user": {k[7:]: z[k] for k in z.files if k.startswith("rerank:")}, "lists": z["lists"]}
+
+    out, _, _ = cached("eval", _eval_key(cfg, res.checkpoint, users, rerank_cands),
+                       lambda folder: _evaluate(cfg, inp, method, res, users, rerank_cands, progress, folder), load, _say)
+    return out
+
+
+def _evaluate(cfg, inp: StudyInputs, method: str, res, users, rerank_cands, progress: bool, folder: Path):
     from workbench.study.evaluate import EvalSettings, evaluate_checkpoint
     from workbench.study.prompts import length_stats
 
-    key = _eval_key(cfg, res.checkpoint, users, rerank_cands)
-    folder = cache_dir("eval", key)
-    if (folder / "done.json").exists():
-        z = np.load(folder / "per_user.npz")
-        return {"metrics": json.loads((folder / "done.json").read_text()),
-                "per_user": {k: z[k] for k in z.files if k.startswith("quality/")},
-                "rerank_per_user": {k[7:]: z[k] for k in z.files if k.startswith("rerank:")},
-                "lists": z["lists"]}
     ps = method_test_prompts(cfg, inp, method, res.checkpoint, users)
     ev = cfg.evaluation
-    settings = EvalSettings(ks=tuple(ev.ks), beam_width=ev.beam_width, validity_users=ev.validity_users,
-                            latency_requests=ev.latency_requests, exhaustive=ev.exhaustive, progress=progress)
+    settings = settings_from(EvalSettings, ev, progress=progress)
     out = evaluate_checkpoint(res.checkpoint, ps, settings, rerank_candidates=rerank_cands, engine_name=EVAL_ENGINE,
                               dtype=EVAL_DTYPE)
     metrics = {**out["metrics"], **length_stats(ps)}
@@ -346,14 +350,13 @@ def evaluate_method(cfg, inp: StudyInputs, method: str, res, users: np.ndarray, 
     for i, l in enumerate(out["beam"].lists):
         lists[i, : len(l)] = l[: max(ev.ks)]
     np.savez(folder / "per_user.npz", lists=lists, **arrays)
-    (folder / "done.json").write_text(json.dumps(metrics, indent=2, default=float))
     return {"metrics": metrics, "per_user": out["beam"].per_user,
-            "rerank_per_user": {} if out["rerank"] is None else out["rerank"].per_user, "lists": lists}
+            "rerank_per_user": {} if out["rerank"] is None else out["rerank"].per_user, "lists": lists}, metrics
 
 
 def eval_tags(method: str, seed: int, checkpoint) -> dict[str, Any]:
     """Tags of one evaluation child run: what was measured, on which checkpoint, engine, mode and dtype."""
-    return {names.TAG_STAGE: "evaluate", names.TAG_METHOD: method, "workbench.seed": seed,
+    return {names.TAG_STAGE: "evaluate", names.TAG_METHOD: method, names.TAG_SEED: seed,
             names.TAG_CHECKPOINT: str(checkpoint), names.TAG_ENGINE: EVAL_ENGINE, names.TAG_MODE: EVAL_MODE,
             names.TAG_DTYPE: EVAL_DTYPE}
 
@@ -364,11 +367,12 @@ def evaluate_stage(ctx) -> Any:
 
     from workbench.study.baselines import popularity_rank, sasrec_rank
     from workbench.study.evaluate import Quality, paired_bootstrap
+    from workbench.study.summary import format_table, log_study
 
     cfg = ctx.cfg
     _threads(cfg)
     inp = inputs_from_context(ctx)
-    trained = ctx.products.get("train") or train_stage(ctx)
+    trained = ctx.products["train"]  # the pipeline runs `train` first (DEPENDS); cache hits when unchanged
     users = test_users(cfg, inp)
     d = inp.interactions
     seen = _seen_test(inp, users)
@@ -404,7 +408,7 @@ def evaluate_stage(ctx) -> Any:
             row = {"method": method, "seed": seed, **m, "lr": res.lr, "train/steps": res.steps,
                    "train/examples": res.train_examples, "train/tokens": res.train_tokens, "train/flops": res.flops,
                    "train/wall_s": res.wall_s, "train/epochs": res.epochs_run,
-                   "train/best_valid_recall_at_10": res.best_valid_recall10}
+                   names.BEST_VALID_RECALL10: res.best_valid_recall10}
             for ref in ("none", "sasrec", "popularity"):
                 if (ref, seed if ref == "none" else cfg.seed) in per_user and ref != method:
                     for metric in (r10, n10):
@@ -421,7 +425,7 @@ def evaluate_stage(ctx) -> Any:
             run.log_metrics({k: v for k, v in row.items() if isinstance(v, (int, float)) and k not in ("seed",)})
             for h in res.history:
                 if "epoch" in h:
-                    run.log_metrics({"train/epoch_loss": h["train_loss"], "valid/recall_at_10": h["valid_recall10"]}, h["step"])
+                    run.log_metrics({names.TRAIN_EPOCH_LOSS: h["train_loss"], names.VALID_RECALL10: h[names.VALID_RECALL10]}, h["step"])
             _say(f"  {method} seed={seed}: Recall@10 {m[r10]:.4f} NDCG@10 {m[n10]:.4f} "
                  f"({time.perf_counter() - t0:.0f}s)")
         rows.append(row)
@@ -437,118 +441,8 @@ def evaluate_stage(ctx) -> Any:
     rows[1][n10.replace("quality/", "rerank/")] = float(sas_rr.per_user[n10].mean())
     table = pd.DataFrame(rows)
     table.insert(2, "test_users", len(users))
-    _log_study(ctx, table, trained)
+    log_study(ctx, table, trained)
     text = format_table(table, cfg)
     _say(text)
     ctx.products["evaluate"] = table
     return table
-
-
-# ---- reporting ------------------------------------------------------------------------------------
-
-LABELS = {"text_history": "text_history", "popularity": "popularity (baseline)", "sasrec": "SASRec (baseline)"}
-
-
-def summary_table(table):
-    """Mean (± std over seeds when there are several) per method, in the order run."""
-    import pandas as pd
-
-    num = table.select_dtypes("number").columns.drop(["seed", "test_users"], errors="ignore")
-    g = table.groupby("method", sort=False)[list(num)]
-    mean = g.mean()
-    if table.groupby("method").size().max() > 1:
-        std = g.std().add_suffix("_std")
-        mean = pd.concat([mean, std], axis=1)
-    return mean.reset_index()
-
-
-def format_table(table, cfg) -> str:
-    """The comparison table as text (Recall/NDCG@10 with intervals vs none and vs popularity, prompt length,
-    latency). With several seeds the intervals are averaged over seeds (each is a per-seed paired bootstrap)."""
-    s = summary_table(table)
-    r10, n10 = names.recall_at(10), names.ndcg_at(10)
-    multi = any(c.endswith("_std") for c in s.columns)
-    ex10 = r10.replace("quality/", "exhaustive/")
-    exh = ex10 in s.columns and s[ex10].notna().any()  # evaluation.exhaustive: every item scored (no search error)
-    lines = []
-    hdr = f"{'method':27s} {'R@10':>14s} {'N@10':>14s} {'dR@10 vs none [95% CI]':>27s} {'dR@10 vs pop [95% CI]':>27s} {'R@30':>7s} {'MRR':>7s} {'valid':>6s} {'cov':>6s} {'tokens':>7s} {'ms/req':>7s} {'rerank N@10':>11s}" + (f" {'exhaustive R@10':>15s}" if exh else "")
-    lines.append(hdr)
-    lines.append("-" * len(hdr))
-    for _, r in s.iterrows():
-        def v(col, fmt="{:.4f}"):
-            x = r.get(col, float("nan"))
-            if x is None or (isinstance(x, float) and math.isnan(x)):
-                return "-"
-            out = fmt.format(x)
-            if multi and f"{col}_std" in r and not math.isnan(r[f"{col}_std"]):
-                out += "±" + fmt.format(r[f"{col}_std"])
-            return out
-        def ci(ref):
-            dk = f"diff_vs_{ref}/" + r10.split("/")[1]
-            if math.isnan(r.get(dk, float("nan"))):
-                return "-"
-            return f"{r[dk]:+.4f} [{r[dk + '_lo']:+.3f},{r[dk + '_hi']:+.3f}]"
-        label = LABELS.get(r["method"], r["method"])
-        if r["method"] == "text_history" and cfg.model.backbone == "tiny-qwen3":
-            label = "text_history (no LM prior)"
-        lines.append(
-            f"{label:27s} {v(r10):>14s} {v(n10):>14s} {ci('none'):>27s} {ci('popularity'):>27s} {v(names.recall_at(30)):>7s} {v(names.MRR):>7s} "
-            f"{v(names.SID_VALIDITY, '{:.3f}'):>6s} {v(names.COVERAGE, '{:.3f}'):>6s} {v(names.PROMPT_TOKENS_MEAN, '{:.0f}'):>7s} "
-            f"{v('latency/request_mean_ms', '{:.1f}'):>7s} {v(n10.replace('quality/', 'rerank/')):>11s}"
-            + (f" {v(ex10):>15s}" if exh else "")
-        )
-    n_users = int(table["test_users"].iloc[0])
-    notes = [f"{cfg.name}: {cfg.dataset.name}, backbone {cfg.model.backbone}, {n_users} test users, beam {cfg.evaluation.beam_width}, "
-             f"seen items banned; CI = paired bootstrap ({cfg.evaluation.bootstrap} resamples) over users."]
-    if cfg.name.startswith("quickstart"):
-        notes.append("SMOKE-QUALITY numbers: tiny model, short training, small sample. Use the ml1m/smollm2 experiments for findings.")
-    if cfg.model.backbone == "tiny-qwen3":
-        notes.append("tiny-qwen3 is trained from scratch: text_history has no language prior here.")
-    return "\n".join(["", *lines, "", *notes, ""])
-
-
-def figures(table, trained) -> dict:
-    """plotly figures: quality per method (with CIs), quality vs prompt length, training curves."""
-    import plotly.graph_objects as go
-
-    s = summary_table(table)
-    r10 = names.recall_at(10)
-    figs = {}
-    fig = go.Figure()
-    for metric in (names.recall_at(10), names.ndcg_at(10)):
-        fig.add_bar(name=metric.split("/")[1], x=s["method"], y=s[metric],
-                    error_y=dict(type="data", array=s[f"{metric}_std"]) if f"{metric}_std" in s else None)
-    fig.update_layout(title="Test quality per method (seen items banned)", barmode="group", yaxis_title="value")
-    figs["quality_per_method.html"] = fig
-    gen = s[s[names.PROMPT_TOKENS_MEAN].notna()] if names.PROMPT_TOKENS_MEAN in s else s.iloc[0:0]
-    fig = go.Figure()
-    fig.add_scatter(x=gen[names.PROMPT_TOKENS_MEAN], y=gen[r10], mode="markers+text", text=gen["method"],
-                    textposition="top center", marker=dict(size=12))
-    for _, r in s[s[names.PROMPT_TOKENS_MEAN].isna()].iterrows() if names.PROMPT_TOKENS_MEAN in s else []:
-        fig.add_hline(y=r[r10], line_dash="dot", annotation_text=r["method"])
-    fig.update_layout(title="Quality vs prompt length", xaxis_title="prompt tokens (mean)", yaxis_title="Recall@10")
-    figs["quality_vs_prompt_length.html"] = fig
-    fig = go.Figure()
-    for (method, seed), res in trained.items():
-        h = [x for x in res.history if "epoch" in x]
-        fig.add_scatter(x=[x["epoch"] for x in h], y=[x["train_loss"] for x in h], name=f"{method} s{seed} loss")
-        fig.add_scatter(x=[x["epoch"] for x in h], y=[x["valid_recall10"] for x in h], name=f"{method} s{seed} valid R@10",
-                        yaxis="y2", line=dict(dash="dot"))
-    fig.update_layout(title="Training curves", xaxis_title="epoch", yaxis_title="train loss",
-                      yaxis2=dict(title="valid Recall@10", overlaying="y", side="right"))
-    figs["training_curves.html"] = fig
-    return figs
-
-
-def _log_study(ctx, table, trained) -> None:
-    target = ctx.parent if ctx.parent is not None else ctx.run
-    if target is None:
-        return
-    for run in {id(target): target, id(ctx.run): ctx.run}.values():
-        if run is None:
-            continue
-        run.log_table(table, "comparison_table.csv")
-        run.log_table(summary_table(table), "comparison_summary.csv")
-        run.log_text(format_table(table, ctx.cfg), "comparison_table.txt")
-    for name, fig in figures(table, trained).items():
-        target.log_figure(fig, name)

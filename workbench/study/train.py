@@ -260,18 +260,18 @@ def train_model(
             tot, nb = tot + lv, nb + 1
             bar.set_postfix(loss=f"{lv:.3f}")
             if log_fn and step % 10 == 0:
-                log_fn({"train/loss": lv, "train/lr": sched.get_last_lr()[0]}, step)
+                log_fn({names.TRAIN_LOSS: lv, "train/lr": sched.get_last_lr()[0]}, step)
         bar.close()
         model.eval()
         if projector is not None:
             projector.eval()
         live = LoadedCheckpoint(out_dir, model, backbone.tokenizer, meta, catalog, projector)
         rec = validate_recall10(live, valid_set, st.valid_beam_width, st.progress)
-        row = {"epoch": epoch + 1, "step": step, "train_loss": tot / max(1, nb), "valid_recall10": rec,
+        row = {"epoch": epoch + 1, "step": step, "train_loss": tot / max(1, nb), names.VALID_RECALL10: rec,
                "wall_s": time.perf_counter() - t0}
         history.append(row)
         if log_fn:
-            log_fn({"train/epoch_loss": row["train_loss"], "valid/recall@10": rec}, step)
+            log_fn({names.TRAIN_EPOCH_LOSS: row["train_loss"], names.VALID_RECALL10: rec}, step)
         if rec > best[0]:
             best = (rec, copy.deepcopy(model.state_dict()),
                     None if projector is None else copy.deepcopy(projector.state_dict()), epoch + 1)

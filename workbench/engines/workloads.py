@@ -1,4 +1,8 @@
-"""Load-test workloads: a deterministic, unique request per index over a checkpoint's vocabulary.
+"""Synthetic workloads: a deterministic, unique request per index over a checkpoint's vocabulary.
+
+This is the one builder of synthetic requests: the load benchmark (`bench.py`), the
+microbenchmark and the compute-floor benchmark (`workbench/perf/`) all draw their prompts here,
+so a prompt of a given shape means the same thing in every measurement.
 
 A workload turns a request index into a `BeamSearchRequest` or a `ScoreRequest` of a fixed shape
 (prompt length, beam width, new tokens, candidates per request). Requests are a pure function of
@@ -102,6 +106,10 @@ class SyntheticWorkload:
             vec = rng.standard_normal(self.user_vector_dim).astype(np.float32)
             return Prompt.of(ids, user_vector=vec, placeholder_pos=1)
         return Prompt.of(ids)
+
+    def requests(self, count: int, first: int = 0) -> list[BeamSearchRequest | ScoreRequest]:
+        """Requests `first` .. `first + count - 1`; use disjoint ranges for request sets that must differ."""
+        return [self.request(i) for i in range(first, first + count)]
 
     def candidates(self, index: int) -> tuple[tuple[int, ...], ...]:
         s = self.shape
