@@ -1,4 +1,4 @@
-"""Prompt builders: exact token layouts, one placeholder, text truncation, and no leakage."""
+"""Prompt builders: exact token layouts, one placeholder, text truncation, and no leakage at evaluation."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from workbench.study.prompts import (
     PromptError,
     UserEncoder,
     eval_examples,
-    train_examples,
 )
 from workbench.sids.layout import SidLayout, add_dedup_digit
 
@@ -46,22 +45,22 @@ HISTORY = [3, 7, 1, 9, 4, 12]
 
 def test_none_and_none_long_layouts():
     ids, pos = builder("none").build(HISTORY)
-    assert ids == [HIST, *S(4, 12), NXT] and pos is None
+    assert ids == [HIST, *S(4, 12)] and pos is None  # a SID stream: the next SID follows directly
     ids, pos = builder("none_long").build(HISTORY)
-    assert ids == [HIST, *S(1, 9, 4, 12), NXT] and pos is None
+    assert ids == [HIST, *S(1, 9, 4, 12)] and pos is None
 
 
 def test_text_history_layout():
     ids, _ = builder("text_history").build(HISTORY)
     text = [TXT, *TEXT[1], SEP, *TEXT[9], SEP, *TEXT[4], SEP, *TEXT[12]]
-    assert ids == text + [HIST, *S(4, 12), NXT]
+    assert ids == text + [NXT]  # the history as text only; the target is written as a SID
 
 
 def test_text_history_truncation_drops_oldest_whole_items():
-    tail = 1 + 2 * 3 + 1  # <|hist|> + 2 SIDs of 3 tokens + <|next|>
+    tail = 1  # <|next|>
     # room for <|text|> + two items (2 tokens each) + one separator = 6
     ids, _ = builder("text_history", max_tokens=tail + 6).build(HISTORY)
-    assert ids == [TXT, *TEXT[4], SEP, *TEXT[12], HIST, *S(4, 12), NXT]
+    assert ids == [TXT, *TEXT[4], SEP, *TEXT[12], NXT]
     assert len(ids) <= tail + 6
     # the long history never exceeds M items even with room to spare
     ids, _ = builder("text_history", m=2).build(HISTORY)
@@ -71,16 +70,16 @@ def test_text_history_truncation_drops_oldest_whole_items():
 def test_user_sid_and_soft_token_layouts():
     usid = LAYOUT.user_codes_to_ids(np.array([[2, 4]]))[0]
     ids, pos = builder("user_sid").build(HISTORY, usid)
-    assert ids == [USID, *usid.tolist(), HIST, *S(4, 12), NXT] and pos is None
+    assert ids == [USID, *usid.tolist(), HIST, *S(4, 12)] and pos is None
     ids, pos = builder("soft_token").build(HISTORY)
-    assert ids == [USER, HIST, *S(4, 12), NXT] and pos == 0
+    assert ids == [USER, HIST, *S(4, 12)] and pos == 0
     assert ids.count(USER) == 1
     for m in ("none", "none_long", "text_history"):
         assert USER not in builder(m).build(HISTORY)[0]
 
 
 def test_short_history_and_errors():
-    assert builder("none").build([5])[0] == [HIST, *S(5), NXT]
+    assert builder("none").build([5])[0] == [HIST, *S(5)]
     with pytest.raises(PromptError, match="SID tokens"):
         builder("user_sid").build(HISTORY)
     with pytest.raises(PromptError, match="max_prompt_tokens"):
@@ -117,37 +116,6 @@ def _data():
     return Interactions(train, valid, test, N_ITEMS)
 
 
-@pytest.mark.parametrize("method", ["none", "none_long", "text_history", "user_sid", "soft_token"])
-def test_no_target_or_later_item_reaches_prompt_or_vector(method):
-    data = _data()
-    rec = RecordingEncoder()
-    b = builder(method, k=2, m=4)
-    ps = train_examples(b, data, targets_per_user=3, encoder=rec.encoder())
-    assert len(ps) == sum(min(3, len(s) - 1) for s in data.train)
-    for i in range(len(ps)):
-        u, tgt = int(ps.users[i]), int(ps.targets[i])
-        seq = data.train[u].tolist()
-        t = seq.index(tgt)
-        assert t >= 1 and ps.seen[i].tolist() == seq[:t]
-        # the prompt is exactly the one built from the prefix: nothing from position t on
-        usid = None
-        if method == "user_sid":
-            usid = LAYOUT.user_codes_to_ids(rec.codes(rec.vectors([seq[:t]])))[0]
-        assert ps.prompts[i] == b.build(seq[:t], usid)[0]
-        for later in seq[t:]:
-            assert SIDS[later].tolist() != ps.prompts[i][-1 - 3 : -1]  # last SID in the prompt is not a later item
-            assert TEXT[later][0] not in ps.prompts[i]
-    if method in ("user_sid", "soft_token"):
-        seen_lists = rec.calls[0]
-        assert all(lst == ps.seen[i].tolist() for i, lst in enumerate(seen_lists))
-        if method == "soft_token":
-            for i in range(len(ps)):
-                later = data.train[ps.users[i]][ps.seen[i].size :]
-                assert ps.user_vectors[i][later].sum() == 0  # no target or later item in the vector
-    else:
-        assert ps.user_vectors is None and not rec.calls
-
-
 def test_eval_examples_histories():
     data = _data()
     rec = RecordingEncoder()
@@ -158,7 +126,33 @@ def test_eval_examples_histories():
     assert [s.tolist() for s in va.seen] == [s.tolist() for s in data.train]
     assert te.users.tolist() == [2, 0] and te.targets.tolist() == [data.test[2], data.test[0]]
     assert te.seen[0].tolist() == [*data.train[2].tolist(), data.valid[2]]
-    assert rec.calls[1][0] == te.seen[0].tolist()  # test vectors fold in train + valid, not test
+    # the signal is folded in from the history before the k=2 items the prompt shows (train + valid, never test)
+    assert rec.calls[1][0] == te.seen[0].tolist()[:-2]
+    assert rec.calls[0][0] == va.seen[0].tolist()[:-2]
     assert data.test[2] not in rec.calls[1][0]
     p = te.engine_prompt(0)
     assert p.placeholder_pos == 0 and p.token_ids[0] == USER and len(p.user_vector) == N_ITEMS
+
+
+@pytest.mark.parametrize("variant", ["shuffled", "zeroed"])
+def test_signal_variants_replace_only_the_signal(variant):
+    data = _data()
+    rec = RecordingEncoder()
+    zero = LAYOUT.user_codes_to_ids(np.zeros((1, 2), dtype=np.int64))[0].tolist()
+    for method in ("soft_token", "user_sid"):
+        ps = eval_examples(builder(method), data, "test", rec.encoder())
+        v = ps.with_signal(variant, seed=3, zero_user_sid=zero)
+        assert v.targets.tolist() == ps.targets.tolist() and [s.tolist() for s in v.seen] == [s.tolist() for s in ps.seen]
+        if method == "soft_token":
+            assert v.prompts == ps.prompts
+            if variant == "zeroed":
+                assert not v.user_vectors.any()
+            else:
+                assert sorted(map(tuple, v.user_vectors.tolist())) == sorted(map(tuple, ps.user_vectors.tolist()))
+        else:
+            assert [p[3:] for p in v.prompts] == [p[3:] for p in ps.prompts]  # only U (positions 1-2) changes
+            us = [p[1:3] for p in v.prompts]
+            assert all(u == zero for u in us) if variant == "zeroed" else sorted(us) == sorted(p[1:3] for p in ps.prompts)
+    assert eval_examples(builder("none"), data, "test").with_signal("own") is not None
+    with pytest.raises(PromptError):
+        eval_examples(builder("none"), data, "test").with_signal("zeroed")

@@ -50,7 +50,12 @@ def metric_name(name: str) -> str:
 TRAIN_LOSS = "train/loss"
 TRAIN_EPOCH_LOSS = "train/epoch_loss"
 VALID_RECALL10 = "valid/recall_at_10"
+VALID_NDCG10 = "valid/ndcg_at_10"
 BEST_VALID_RECALL10 = "train/best_valid_recall_at_10"
+BEST_VALID_NDCG10 = "train/best_valid_ndcg_at_10"
+TRAIN_FLOPS = "train/flops"  # forward + backward, counted by study/flops.py (cumulative in curves)
+TRAIN_TOKENS_PER_S = "train/tokens_per_s"
+TRAIN_MATMUL_SHARE = "train/matmul_share"  # achieved FLOP/s over the measured matmul rate
 
 SID_VALIDITY = "quality/sid_validity"
 COVERAGE = "quality/coverage"
@@ -110,3 +115,4 @@ TAG_TRANSPORT = "workbench.transport"
 TAG_PROMPTS_FROM = "workbench.prompts_from"
 TAG_SLO_SOURCE = "workbench.slo_source"
 TAG_SATURATED = "workbench.saturated_within_slo"
+TAG_SIGNAL = "workbench.signal"  # own | shuffled | zeroed: the user signal an evaluation fed

@@ -2,8 +2,8 @@
 
 Order is by timestamp, and equal timestamps (about half the MovieLens rows share a (user,
 timestamp) with another row) keep the source file's row order: a stable sort, so the split is
-the same on every run and machine. `max_history` keeps only the most recent train items per user;
-valid and test never change with it.
+the same on every run and machine. `max_history` (None by default: keep everything) keeps only the
+most recent train items per user; valid and test never change with it.
 
 Invariants the tests hold: every user with >= 3 interactions has exactly one valid and one test
 row; a user's train rows are strictly before their valid row, which is before their test row (in
@@ -33,7 +33,7 @@ class Split:
     test: pd.DataFrame  # one row per user
     n_users: int
     n_items: int
-    max_history: int
+    max_history: int | None
 
     def train_sequences(self) -> list[np.ndarray]:
         """Per user (index = user id), the train items in time order (already truncated)."""
@@ -64,8 +64,8 @@ class Split:
             "split/train_per_user_mean": float(per_user.mean()),
             "split/train_per_user_median": float(per_user.median()),
             "split/train_per_user_max": int(per_user.max()),
-            "split/users_truncated": int((per_user >= self.max_history).sum()),
-            "split/max_history": self.max_history,
+            "split/users_truncated": 0 if self.max_history is None else int((per_user >= self.max_history).sum()),
+            "split/max_history": -1 if self.max_history is None else self.max_history,
             "split/test_item_cold_share": float(np.mean([i not in train_items for i in self.test[names.ITEM]])),
             "split/train_items": len(train_items),
         }
@@ -78,7 +78,7 @@ class Split:
             getattr(self, part).to_parquet(folder / f"{part}.parquet", index=False)
 
     @classmethod
-    def load(cls, folder: Path, n_users: int, n_items: int, max_history: int) -> "Split":
+    def load(cls, folder: Path, n_users: int, n_items: int, max_history: int | None) -> "Split":
         folder = Path(folder)
         parts = {p: pd.read_parquet(folder / f"{p}.parquet") for p in ("train", "valid", "test")}
         return cls(**parts, n_users=n_users, n_items=n_items, max_history=max_history)
@@ -93,13 +93,13 @@ def time_order(interactions: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def leave_one_out(interactions: pd.DataFrame, n_users: int, n_items: int, max_history: int = 200) -> Split:
+def leave_one_out(interactions: pd.DataFrame, n_users: int, n_items: int, max_history: int | None = None) -> Split:
     """Split per user by time: last -> test, second-to-last -> valid, the `max_history` before -> train.
 
     Every user needs >= 3 interactions (the dataset filter guarantees it); a user with fewer is
     an error, not a silent drop, so user ids stay aligned with the rest of the pipeline.
     """
-    if max_history < 1:
+    if max_history is not None and max_history < 1:
         raise ValueError(f"split.max_history must be >= 1, got {max_history}")
     df = time_order(interactions)
     count = df.groupby(names.USER)[names.ITEM].transform("size").to_numpy()
@@ -113,7 +113,8 @@ def leave_one_out(interactions: pd.DataFrame, n_users: int, n_items: int, max_hi
     from_end = count - 1 - pos  # 0 = last
     test = df[from_end == 0].reset_index(drop=True)
     valid = df[from_end == 1].reset_index(drop=True)
-    train = df[(from_end >= 2) & (from_end < 2 + max_history)].reset_index(drop=True)
+    keep = (from_end >= 2) if max_history is None else (from_end >= 2) & (from_end < 2 + max_history)
+    train = df[keep].reset_index(drop=True)
     missing = np.setdiff1d(np.arange(n_users), test[names.USER].to_numpy())
     if len(missing):
         raise ValueError(f"users {missing[:5].tolist()} have no interactions; the dataset ids are not dense")

@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 from workbench import tracking
+from workbench.hardware import matmul_gflops
 from workbench.engines.workloads import SyntheticWorkload, WorkloadShape
 from workbench.model.random_checkpoint import SIZES, make_random_checkpoint, random_size
 
@@ -61,22 +62,6 @@ def parse_args(argv):
     p.add_argument("--floor", action="store_true",
                    help="instead: one unloaded beam request vs the compute floor, by phase (workbench/perf/floorbench.py)")
     return p.parse_args(argv)
-
-
-def matmul_gflops(dtype, device, n: int = 1024, seconds: float = 1.0) -> float:
-    import torch
-
-    a = torch.randn(n, n, dtype=dtype, device=device)
-    b = torch.randn(n, n, dtype=dtype, device=device)
-    for _ in range(3):
-        a @ b
-    reps, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        a @ b
-        reps += 1
-    if device != "cpu":
-        torch.cuda.synchronize()
-    return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e9
 
 
 def build_checkpoint(size: str, sid_depth: int, prompt_len: int, folder: Path) -> Path:

@@ -70,7 +70,7 @@ class SasrecResult:
     wall_s: float = 0.0
 
 
-def _build(n_items: int, st: SasrecSettings):
+def build_sasrec(n_items: int, st: SasrecSettings):
     import torch
     from torch import nn
 
@@ -170,7 +170,7 @@ def train_sasrec(
 
     torch.manual_seed(st.seed)
     rng = np.random.default_rng(st.seed)
-    model = _build(n_items, st)
+    model = build_sasrec(n_items, st)
     opt = torch.optim.Adam(model.parameters(), lr=st.lr)
     seqs = sasrec_windows(train, st.max_len)
     x_all = _pad_left([s[:-1] for s in seqs], st.max_len)  # inputs
@@ -206,3 +206,39 @@ def train_sasrec(
         model.load_state_dict(best_state)
     model.eval()
     return SasrecResult(model, st, best_epoch, best, hist, time.perf_counter() - t0)
+
+
+def als_rank(
+    user_vectors: np.ndarray, item_factors: np.ndarray, seen: Sequence[np.ndarray], k: int, chunk: int = 1024
+) -> list[np.ndarray]:
+    """ALS dot-product ranker: top-k items by user vector . item factors, seen items banned.
+
+    Ties are broken by item id (lower first), so lists do not depend on `chunk` or on how
+    argpartition orders equal scores. Users are scored `chunk` rows at a time: [chunk, n_items]
+    float64 scores (30 MB at 1,024 x 3,706; all 6,040 x 3,706 users x items, f = 64, k = 100 in
+    ~0.6 s on CPU). A user with fewer than k unseen items gets them all.
+    """
+    u = np.asarray(user_vectors, dtype=np.float64)  # [n, f]
+    v = np.asarray(item_factors, dtype=np.float64)  # [n_items, f]
+    n_items = v.shape[0]
+    k = min(k, n_items)
+    out: list[np.ndarray] = []
+    for c in range(0, len(u), chunk):
+        # einsum, not `@`: BLAS sums in an order that depends on the number of rows (small chunks
+        # take other kernels), so last-bit differences would let `chunk` reorder near-ties
+        s = np.einsum("mf,if->mi", u[c : c + chunk], v)  # [m, n_items]
+        m = len(s)
+        banned = [np.asarray(seen[c + i], dtype=np.int64) for i in range(m)]
+        rows = np.repeat(np.arange(m), [len(x) for x in banned])
+        if len(rows):
+            s[rows, np.concatenate(banned)] = -np.inf
+        if k == 0:
+            out.extend(np.empty(0, dtype=np.int64) for _ in range(m))
+            continue
+        kth = np.partition(s, n_items - k, axis=1)[:, n_items - k]  # [m] k-th largest score
+        r, items = np.nonzero((s >= kth[:, None]) & np.isfinite(s))  # >= k per row when tied at kth
+        order = np.lexsort((items, -s[r, items], r))  # by row, then score desc, then item id
+        r, items = r[order], items[order]
+        starts = np.searchsorted(r, np.arange(m + 1))
+        out.extend(items[starts[i] : min(starts[i] + k, starts[i + 1])].astype(np.int64) for i in range(m))
+    return out

@@ -39,6 +39,7 @@ class StageContext:
     # embeddings
     text_vectors: np.ndarray | None = None  # [n_items, 384] or None when not needed
     als: Any = None  # workbench.sids.embeddings.AlsModel (user_factors = train-history user vectors)
+    als_folds: Any = None  # sids.embeddings.AlsFolds: per-user fold models that never saw that user
     # semantic ids
     item_vectors: np.ndarray | None = None  # what the item quantizer encoded
     item_sids: dict[str, Any] = field(default_factory=dict)  # kind -> quantize.ItemSids (every fitted kind)

@@ -8,7 +8,7 @@ Stages run in a fixed order, each a function of a `StageContext` (`STAGES[name](
     embeddings    item text embeddings (MiniLM, when the item quantizer needs them) + ALS on train
     semantic_ids  item quantizer(s) + dedup digit, user quantizer, Catalog, figures
     train         workbench.study.stages.train_stage(ctx)      (imported only when run)
-    evaluate      workbench.study.stages.evaluate_stage(ctx)
+    evaluate      workbench.study.compare.evaluate_stage(ctx)
 
 Caching (`workbench.cache.cached`): each stage's products live in `data/cache/<stage>/<key>/`,
 where the key is `config.section_hash` of the config sections the stage reads plus the keys of the
@@ -105,7 +105,7 @@ def _als_valid_recall(als, split, k: int = 10) -> float:
 
 
 def stage_embeddings(ctx: StageContext) -> None:
-    from workbench.sids.embeddings import AlsModel, fit_als, item_texts, text_embeddings
+    from workbench.sids.embeddings import AlsFolds, AlsModel, fit_als, fit_als_folds, item_texts, text_embeddings
 
     cfg, emb = ctx.cfg, ctx.cfg.embeddings
     if emb.text_model not in SUPPORTED_TEXT_MODELS:
@@ -151,9 +151,21 @@ def stage_embeddings(ctx: StageContext) -> None:
     als, info, hit = cached("als", als_key, compute_als, lambda f, i: AlsModel.load(f / "als.npz"), _say)
     hits.append(hit)
     stats.update(info["stats"])
+    folds_key = section_hash("als_folds", CACHE_FORMAT, emb.als_folds, als_key)
+
+    def compute_folds(folder: Path):
+        t0 = time.perf_counter()
+        folds = fit_als_folds(ctx.split.train_sequences(), ctx.dataset.n_items, emb.als_folds, emb.als_factors,
+                              emb.als_iterations, emb.als_regularization, emb.als_alpha, cfg.seed, reference=als)
+        folds.save(folder / "folds")
+        return folds, {"stats": {**folds.stats(), "time/compute/als_folds_s": time.perf_counter() - t0}}
+
+    folds, info, hit = cached("als_folds", folds_key, compute_folds, lambda f, i: AlsFolds.load(f / "folds"), _say)
+    hits.append(hit)
+    stats.update(info["stats"])
     stats["embeddings/als_factors"] = als.factors
-    ctx.text_vectors, ctx.als = text, als
-    ctx.keys["embeddings"] = section_hash("embeddings", text_key, als_key)
+    ctx.text_vectors, ctx.als, ctx.als_folds = text, als, folds
+    ctx.keys["embeddings"] = section_hash("embeddings", text_key, als_key, folds_key)
     ctx.cache_hits["embeddings"] = all(hits)
     ctx.stats["embeddings"] = stats
     ctx.run.log_metrics(stats)
@@ -289,7 +301,7 @@ def stage_train(ctx: StageContext) -> Any:
 
 
 def stage_evaluate(ctx: StageContext) -> Any:
-    from workbench.study.stages import evaluate_stage
+    from workbench.study.compare import evaluate_stage
 
     return evaluate_stage(ctx)
 

@@ -1,25 +1,27 @@
 """Prompt builders for the personalization methods, and the examples they are trained and tested on.
 
-Every prompt is a list of token ids (the engines speak ids only) ending in `<|next|>`, after which
-the model writes the target item's SID. With `S(i)` the SID tokens of item i, `T(i)` the tokenized
-text of item i ("Toy Story (1995) — Animation, Comedy"), `h` the user's history (oldest first),
+Every prompt is a list of token ids (the engines speak ids only), after which the model writes
+the target item's SID. With `S(i)` the SID tokens of item i, `T(i)` the tokenized text of item i
+("Toy Story (1995) — Animation, Comedy"), `h` the user's history (oldest first),
 `k = methods.recent_k`, `M = methods.long_m`:
 
-    none          <|hist|> S(h[-k]) ... S(h[-1]) <|next|>
-    none_long     <|hist|> S(h[-M]) ... S(h[-1]) <|next|>
-    text_history  <|text|> T(h[-M]) <|sep|> ... <|sep|> T(h[-1]) <|hist|> S(h[-k]) ... S(h[-1]) <|next|>
-    user_sid      <|usid|> U(u) <|hist|> S(h[-k]) ... S(h[-1]) <|next|>
-    soft_token    <|user|> <|hist|> S(h[-k]) ... S(h[-1]) <|next|>      (placeholder at position 0)
+    none          <|hist|> S(h[-k]) ... S(h[-1])
+    none_long     <|hist|> S(h[-M]) ... S(h[-1])
+    text_history  <|text|> T(h[-M]) <|sep|> ... <|sep|> T(h[-1]) <|next|>
+    user_sid      <|usid|> U <|hist|> S(h[-k]) ... S(h[-1])
+    soft_token    <|user|> <|hist|> S(h[-k]) ... S(h[-1])      (placeholder at position 0)
 
-`U(u)` are the user-SID tokens of the user's vector, and the `<|user|>` embedding is replaced by
-the projected user vector (Embedding-to-Prefix). SIDs within a history need no separator: each SID
-level has its own token block. When a text history would exceed `max_prompt_tokens`, whole items
-are dropped from its oldest end.
+These are the views the full-sequence training windows give their last target (`windows.py`): a
+SID history is a plain stream in which each SID follows the previous one, so a SID prompt needs no
+end marker. `U` are the user-SID tokens of the user's vector, and the `<|user|>` embedding is
+replaced by the projected user vector (Embedding-to-Prefix); both are folded in from the history
+*before* the k items the prompt shows (`signal_history`), as in training. When a text history
+would exceed `max_prompt_tokens`, whole items are dropped from its oldest end.
 
 Leakage rule: an example whose target is position t of a user's sequence sees only items before t,
-in the prompt and in the user vector (fold-in "as of" t, item factors fixed). Validation sees the
-train sequence; test sees train + valid. The `seen` items of an example (everything before t) are
-the ones evaluation bans in the trie for every method and baseline.
+in the prompt and in the user vector (fold-in, item factors fixed). Validation sees the train
+sequence; test sees train + valid. The `seen` items of an example (everything before t) are the
+ones evaluation bans in the trie for every method and baseline.
 """
 
 from __future__ import annotations
@@ -33,13 +35,14 @@ from workbench.names import METHODS
 from workbench.sids.layout import SidLayout
 
 NEEDS_VECTOR = ("user_sid", "soft_token")  # methods that fold the user in
+SIGNAL_VARIANTS = ("own", "shuffled", "zeroed")  # what evaluation feeds a method that reads a user signal
 
 TEMPLATES = {
-    "none": "<|hist|> S(h[-k:]) <|next|>",
-    "none_long": "<|hist|> S(h[-M:]) <|next|>",
-    "text_history": "<|text|> T(h[-M]) <|sep|> ... T(h[-1]) <|hist|> S(h[-k:]) <|next|>",
-    "user_sid": "<|usid|> U(user) <|hist|> S(h[-k:]) <|next|>",
-    "soft_token": "<|user|> <|hist|> S(h[-k:]) <|next|>",
+    "none": "<|hist|> S(h[-k:])",
+    "none_long": "<|hist|> S(h[-M:])",
+    "text_history": "<|text|> T(h[-M]) <|sep|> ... T(h[-1]) <|next|>",
+    "user_sid": "<|usid|> U(h[:-k]) <|hist|> S(h[-k:])",
+    "soft_token": "<|user|> <|hist|> S(h[-k:])  (vector folded in from h[:-k])",
 }
 
 
@@ -51,13 +54,16 @@ class PromptError(ValueError):
 class UserEncoder:
     """User vectors "as of" an item list (fold-in) and their user-SID codes.
 
-    `vectors(item_lists) -> [n, dim]` must use only the items given; `codes(vectors) -> [n, levels]`
-    is the user quantizer's encode (None when there are no user SIDs).
+    `vectors(item_lists) -> [n, dim]` must use only the items given (serving: the full-train ALS);
+    `codes(vectors) -> [n, levels]` is the user quantizer's encode (None when there are no user
+    SIDs); `train_vectors(user, seq, cuts) -> [len(cuts), dim]` folds `seq[:c]` in with item
+    factors that never saw this user (the ALS fold models), for training windows.
     """
 
     vectors: Callable[[Sequence[Sequence[int]]], np.ndarray]
     dim: int
     codes: Callable[[np.ndarray], np.ndarray] | None = None
+    train_vectors: Callable[[int, np.ndarray, np.ndarray], np.ndarray] | None = None
 
 
 @dataclass
@@ -103,6 +109,29 @@ class PromptSet:
             user_vectors=None if self.user_vectors is None else self.user_vectors[idx],
             seen=[self.seen[i] for i in idx] if self.seen else [],
         )
+
+    def with_signal(self, variant: str, seed: int = 0, zero_user_sid: Sequence[int] | None = None) -> "PromptSet":
+        """The same prompts with the user signal replaced, to measure what it carries: "own" (as is),
+        "shuffled" (another test user's signal, a fixed random permutation) or "zeroed" (a zero vector;
+        for user_sid the all-zero codes `zero_user_sid`, a valid but uninformative user SID)."""
+        if variant == "own":
+            return self
+        if variant not in SIGNAL_VARIANTS or self.method not in NEEDS_VECTOR:
+            raise PromptError(f"signal variant {variant!r} applies to {NEEDS_VECTOR} with one of {SIGNAL_VARIANTS}")
+        n = len(self)
+        perm = np.random.default_rng(seed).permutation(n)
+        out = PromptSet(self.method, self.users, self.targets, [list(p) for p in self.prompts],
+                        list(self.placeholder_pos), self.user_vectors, list(self.seen))
+        if self.method == "soft_token":
+            v = self.user_vectors
+            out.user_vectors = v[perm] if variant == "shuffled" else np.zeros_like(v)
+            return out
+        if zero_user_sid is None:
+            raise PromptError("a user_sid signal variant needs zero_user_sid (the layout's code-0 user tokens)")
+        span = slice(1, 1 + len(zero_user_sid))  # <|usid|> U ... : U follows the marker
+        for i in range(n):
+            out.prompts[i][span] = self.prompts[perm[i]][span] if variant == "shuffled" else list(zero_user_sid)
+        return out
 
     def engine_prompt(self, i: int):
         """The i-th prompt as an engine `Prompt` (with the user vector for soft_token)."""
@@ -173,19 +202,22 @@ class PromptBuilder:
             out += piece
         return out
 
+    def signal_history(self, history: Sequence[int]) -> list[int]:
+        """The items the user signal is folded in from: everything before the k items the prompt shows."""
+        history = list(history)
+        return history[: max(0, len(history) - self.recent_k)]
+
     def build(self, history: Sequence[int], user_sid_ids: Sequence[int] | None = None) -> tuple[list[int], int | None]:
         """(token ids, placeholder position or None) for a history (oldest first)."""
         history = list(history)
-        recent = [self.HIST, *self._sids(history[-self.recent_k :])] if self.recent_k else [self.HIST]
-        tail = recent + [self.NEXT]
+        tail = [self.HIST, *self._sids(history[-self.recent_k :])] if self.recent_k else [self.HIST]
         m = self.method
         if m == "none":
             ids, pos = tail, None
         elif m == "none_long":
-            ids, pos = [self.HIST, *self._sids(history[-self.long_m :]), self.NEXT], None
+            ids, pos = [self.HIST, *self._sids(history[-self.long_m :])], None
         elif m == "text_history":
-            budget = self.max_prompt_tokens - len(tail)
-            ids, pos = self._text(history[-self.long_m :], budget) + tail, None
+            ids, pos = self._text(history[-self.long_m :], self.max_prompt_tokens - 1) + [self.NEXT], None
         elif m == "user_sid":
             if user_sid_ids is None:
                 raise PromptError("user_sid prompts need the user's SID tokens")
@@ -207,14 +239,15 @@ def build_prompts(
     targets: Sequence[int],
     encoder: UserEncoder | None = None,
 ) -> PromptSet:
-    """Prompts for (user, history, target) triples; user vectors/SIDs are folded in from `histories` only."""
+    """Prompts for (user, history, target) triples; the user signal is folded in from the part of each
+    history before the items its prompt shows (`PromptBuilder.signal_history`)."""
     method = builder.method
     vectors = None
     usid = None
     if method in NEEDS_VECTOR:
         if encoder is None:
             raise PromptError(f"{method} needs a UserEncoder (ALS fold-in) to compute user vectors")
-        vectors = np.asarray(encoder.vectors([list(h) for h in histories]), dtype=np.float32)
+        vectors = np.asarray(encoder.vectors([builder.signal_history(h) for h in histories]), dtype=np.float32)
         if method == "user_sid":
             if encoder.codes is None:
                 raise PromptError("user_sid needs the user quantizer (UserEncoder.codes)")
@@ -233,19 +266,6 @@ def build_prompts(
         user_vectors=vectors if method == "soft_token" else None,
         seen=[np.asarray(h, dtype=np.int64) for h in histories],
     )
-
-
-def train_examples(
-    builder: PromptBuilder, data: Interactions, targets_per_user: int, encoder: UserEncoder | None = None
-) -> PromptSet:
-    """Targets = the last `targets_per_user` positions t >= 1 of each train sequence; history = seq[:t]."""
-    users, hists, targets = [], [], []
-    for u, seq in enumerate(data.train):
-        for t in range(max(1, len(seq) - targets_per_user), len(seq)):
-            users.append(u)
-            hists.append(seq[:t])
-            targets.append(int(seq[t]))
-    return build_prompts(builder, users, hists, targets, encoder)
 
 
 def eval_examples(

@@ -1,21 +1,24 @@
-"""One training loop for every personalization method.
+"""One training loop for every personalization method: full-sequence windows (`windows.py`).
 
-Examples are (prompt, target SID) pairs from `personalization.train_examples`. The loss is the
-cross-entropy of the target SID tokens only, and logits are computed only at the `item_depth`
-positions that predict them (hidden states -> lm_head on those rows): with a 151k-token output
-layer, full-sequence logits would dominate a small model's cost.
+Each epoch re-tiles every user's train sequence into windows (a fresh random tiling), so every
+train transition is a target once per epoch for every method. One step is a batch of windows of
+similar length (at most `batch_tokens` padded tokens); the loss is the cross-entropy of every SID
+token of every target, read only at the positions that predict them:
 
-    input  = prompt + sid[:-1]          (right-padded; causal attention never sees the padding)
-    logits = lm_head(h[len(prompt)-1 : len(prompt)-1+depth])   # [B, depth, V]
-    loss   = CE(logits, sid)
+    h      = backbone(window tokens [+ soft token], causal or block mask)   # [B, L, H]
+    logits = lm_head(h[loss positions])                                    # [n_targets x depth, V]
+    loss   = CE(logits, SID tokens)
+
+The softmax is over the full vocabulary (not only the SID block): the engines score SIDs with
+full-vocabulary log-probs, so that is what the model is trained for.
 
 For `soft_token` the `<|user|>` row of the input embeddings is replaced by `projector(user_vector)`
-and the projector trains end to end with the backbone (which backbone weights train is
-`model.trainable`, one global setting). AdamW with linear warm-up and cosine decay; batches are
-grouped by length (less padding); optional bfloat16 autocast on CPU. After each epoch a validation
-sample is ranked by constrained beam search *through the torch engine* (the same path as the final
-evaluation) and the best epoch by Recall@10 is kept; training stops after `patience` epochs
-without improvement. The best weights are written with `checkpoint.save_checkpoint`.
+and the projector trains end to end with the backbone. AdamW with linear warm-up and cosine decay
+over all steps; bfloat16 autocast where the CPU has bf16 instructions and a measured step is faster
+(`bf16: auto`). After each epoch a validation sample is ranked by constrained beam search *through
+the torch engine* (the same path as the final evaluation); the epoch with the best validation
+NDCG@10 is kept, training stops after `patience` epochs without improvement. Logged per epoch:
+loss, validation NDCG@10 / Recall@10, training FLOPs so far (`flops.py`), tokens/s.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -35,17 +38,17 @@ from workbench import names
 @dataclass
 class TrainSettings:
     epochs: int = 3
-    batch_size: int = 64
+    batch_tokens: int = 8192
     lr: float = 1e-3
     weight_decay: float = 0.01
     warmup_ratio: float = 0.05
     patience: int = 2
-    bf16: bool = False
+    bf16: bool | str = "auto"  # True | False | "auto": bf16 autocast where the CPU has it and it measures faster
     max_steps: int | None = None
     seed: int = 0
     trainable: str = "all"
     projector: str = "linear"
-    valid_beam_width: int = 10  # beam width of the per-epoch validation (Recall@10 needs >= 10)
+    valid_beam_width: int = 10  # beam width of the per-epoch validation (NDCG@10 needs >= 10)
     grad_clip: float = 1.0
     progress: bool = True
 
@@ -56,14 +59,18 @@ class TrainResult:
     lr: float
     checkpoint: Path
     best_epoch: int
+    best_valid_ndcg10: float
     best_valid_recall10: float
     epochs_run: int
     steps: int
-    train_examples: int
-    train_tokens: int
-    flops: float  # ~6 x parameters x tokens (forward + backward)
+    train_targets: int  # item targets per epoch
+    train_tokens: int  # non-pad tokens through the model, all epochs
+    flops: float  # training FLOPs (forward + backward), counted by flops.train_flops
     wall_s: float
-    history: list[dict] = field(default_factory=list)  # per epoch: loss, valid recall@10, lr, time
+    tokens_per_s: float  # train tokens / training wall (validation excluded)
+    matmul_share: float  # achieved FLOP/s over the measured matmul rate of this CPU and dtype
+    bf16: bool
+    history: list[dict] = field(default_factory=list)  # per epoch: loss, valid metrics, flops, time
 
     def to_dict(self) -> dict:
         d = self.__dict__.copy()
@@ -85,51 +92,9 @@ def lr_factor(step: int, total: int, warmup: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def length_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator, group: int = 32) -> list[np.ndarray]:
-    """Shuffled batches whose members have similar lengths (sorted within groups of `group` batches)."""
-    order = rng.permutation(len(lengths))
-    batches = []
-    span = batch_size * group
-    for s in range(0, len(order), span):
-        chunk = order[s : s + span]
-        chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
-        batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
-    rng.shuffle(batches)
-    return batches
-
-
-def collate(prompts, idx, sid_ids: np.ndarray, pad_id: int):
-    """Right-padded inputs plus where the target logits are read.
-
-    Returns input_ids [B, T], attention_mask [B, T], target_pos [B, depth], targets [B, depth],
-    placeholder positions [B] (-1 when none), user vectors [B, dim] or None.
-    """
-    import torch
-
-    depth = sid_ids.shape[1]
-    seqs, tpos, tgts, ph = [], [], [], []
-    for i in idx:
-        p = prompts.prompts[i]
-        sid = sid_ids[prompts.targets[i]].tolist()
-        seqs.append(p + sid[:-1])
-        tpos.append(list(range(len(p) - 1, len(p) - 1 + depth)))
-        tgts.append(sid)
-        pp = prompts.placeholder_pos[i]
-        ph.append(-1 if pp is None else pp)
-    T = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), T), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), T), dtype=torch.long)
-    for r, s in enumerate(seqs):
-        ids[r, : len(s)] = torch.tensor(s)
-        mask[r, : len(s)] = 1
-    vec = None
-    if prompts.user_vectors is not None:
-        vec = torch.from_numpy(np.asarray(prompts.user_vectors[np.asarray(idx)], dtype=np.float32))
-    return ids, mask, torch.tensor(tpos), torch.tensor(tgts), torch.tensor(ph), vec
-
-
 def target_logits(model, input_ids, attention_mask, target_pos, placeholder_pos=None, user_vectors=None, projector=None):
-    """Logits at the target positions only: [B, depth, V]."""
+    """Per-example layout (prompt + SID[:-1]): logits at the target positions only, [B, depth, V].
+    Used to check the windowed loss against the per-example one and by checkpoint tests."""
     import torch
 
     emb = model.get_input_embeddings()(input_ids)  # [B, T, H]
@@ -137,12 +102,8 @@ def target_logits(model, input_ids, attention_mask, target_pos, placeholder_pos=
         rows = torch.nonzero(placeholder_pos >= 0).squeeze(1)
         soft = projector(user_vectors[rows]).to(emb.dtype)  # [b, H]
         emb = emb.index_put((rows, placeholder_pos[rows]), soft)
-    # Right padding + causal attention: no real position can see a pad position, and positions are
-    # 0..T-1 as at inference, so the padding mask is redundant. Passing `attention_mask=None` lets
-    # SDPA take its plain causal path instead of materializing a [B, 1, T, T] mask every step.
-    # `attention_mask` is still accepted (left-padded callers need it).
     if attention_mask is not None and bool(attention_mask[:, 0].all()) and _right_padded(attention_mask):
-        attention_mask = None
+        attention_mask = None  # right padding + causal: no real position can see a pad
     h = model.base_model(inputs_embeds=emb, attention_mask=attention_mask).last_hidden_state  # [B, T, H]
     hs = torch.gather(h, 1, target_pos[..., None].expand(-1, -1, h.shape[-1]))  # [B, depth, H]
     return model.get_output_embeddings()(hs)
@@ -156,12 +117,6 @@ def _right_padded(mask) -> bool:
     return bool((m[:, 1:] <= m[:, :-1]).all())
 
 
-def sid_loss(logits, targets):
-    import torch.nn.functional as F
-
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
-
-
 def make_meta(method: str, layout, sid_version: str, backbone: str, template: str, user_dim: int | None, extra=None):
     from workbench.model.checkpoint import CheckpointMeta
 
@@ -169,12 +124,9 @@ def make_meta(method: str, layout, sid_version: str, backbone: str, template: st
                           prompt_template=template, user_vector_dim=user_dim, extra=dict(extra or {}))
 
 
-def validate_recall10(loaded, valid_set, beam_width: int, progress: bool) -> float:
-    """Recall@10 of constrained beam search through the torch engine on `valid_set`.
-
-    `loaded` is a `LoadedCheckpoint` built around the live model (nothing written to disk); the
-    engine runs the same code path as the final evaluation.
-    """
+def validate(loaded, valid_set, beam_width: int, progress: bool) -> dict[str, float]:
+    """NDCG@10 and Recall@10 of constrained beam search through the torch engine on `valid_set`
+    (`loaded`: a LoadedCheckpoint around the live model; the same code path as the final evaluation)."""
     from workbench.engines import registry
     from workbench.study.evaluate import beam_rank, per_user_metrics, ranks_of
     from workbench.sync import run_sync
@@ -184,119 +136,165 @@ def validate_recall10(loaded, valid_set, beam_width: int, progress: bool) -> flo
         br = beam_rank(engine, valid_set, loaded.catalog, max(10, beam_width), True, True, 64, "validation", progress)
     finally:
         run_sync(engine.close())
-    return float(per_user_metrics(ranks_of(br.lists, valid_set.targets), (10,))[names.recall_at(10)].mean())
+    m = per_user_metrics(ranks_of(br.lists, valid_set.targets), (10,))
+    return {names.VALID_NDCG10: float(m[names.ndcg_at(10)].mean()), names.VALID_RECALL10: float(m[names.recall_at(10)].mean())}
 
 
-def train_model(
-    backbone,
-    train_set,
-    valid_set,
-    item_codes: np.ndarray,
-    out_dir: Path,
-    st: TrainSettings,
-    sid_version: str = "",
-    user_dim: int | None = None,
-    log_fn: Callable[[dict, int], None] | None = None,
-) -> TrainResult:
-    """Train `backbone` on `train_set`, validate each epoch, save the best checkpoint to `out_dir/checkpoint`."""
+class _Step:
+    """Forward + backward of one batch; counts tokens and FLOPs."""
+
+    def __init__(self, model, projector, pad_id: int, vocab: int):
+        self.model, self.projector, self.pad_id, self.vocab = model, projector, pad_id, vocab
+
+    def loss(self, ws, idx, bf16: bool):
+        import torch
+        import torch.nn.functional as F
+
+        from workbench.study.windows import collate, window_logits
+
+        ids, pos, mask, at, toks, ph, vec = collate(ws, idx, self.pad_id)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = window_logits(self.model, ids, pos, mask, at, ph, vec, self.projector)
+        loss = F.cross_entropy(logits.float(), toks)
+        lengths = [len(ws.windows[int(i)].ids) for i in idx]
+        if mask is not None:
+            keys = int(mask.sum())
+        else:
+            keys = sum(n * (n + 1) // 2 for n in lengths)
+        return loss, sum(lengths), len(toks), keys
+
+
+def choose_bf16(setting, step: _Step, ws, idx) -> tuple[bool, dict]:
+    """`bf16: auto`: bf16 autocast only where the CPU has bf16 instructions and a measured training
+    step (forward + backward, no update) is faster than float32. Returns (choice, the timings)."""
+    from workbench.hardware import has_bf16_instructions
+
+    if setting in (True, False):
+        return bool(setting), {"bf16_setting": str(setting)}
+    if not has_bf16_instructions():
+        return False, {"bf16_setting": "auto", "bf16_reason": "no AVX512-BF16/AMX on this CPU"}
+    times = {}
+    for bf16 in (False, True, False, True):
+        t0 = time.perf_counter()
+        loss = step.loss(ws, idx, bf16)[0]
+        loss.backward()
+        times.setdefault(bf16, []).append(time.perf_counter() - t0)
+    step.model.zero_grad(set_to_none=True)
+    if step.projector is not None:
+        step.projector.zero_grad(set_to_none=True)
+    f32, b16 = min(times[False]), min(times[True])
+    return b16 < f32, {"bf16_setting": "auto", "step_s_float32": f32, "step_s_bfloat16": b16}
+
+
+def train_model(backbone, windows: Callable[[np.random.Generator], object], valid_set, item_codes: np.ndarray,
+                out_dir: Path, st: TrainSettings, sid_version: str = "", user_dim: int | None = None,
+                log_fn: Callable[[dict, int], None] | None = None) -> TrainResult:
+    """Train `backbone` on `windows(rng)` (a fresh WindowSet per epoch), validate each epoch, save the
+    best checkpoint to `out_dir/checkpoint`."""
     import torch
 
+    from workbench.hardware import matmul_gflops
+    from workbench.model.backbone import apply_trainable
     from workbench.model.checkpoint import LoadedCheckpoint, save_checkpoint
-    from workbench.sids.layout import Catalog
-    from workbench.model.backbone import apply_trainable, count_parameters
-    from workbench.progress import progress
     from workbench.model.projector import SoftTokenProjector
+    from workbench.progress import progress
+    from workbench.sids.layout import Catalog
+    from workbench.study.flops import train_flops
+    from workbench.study.windows import token_batches
 
-    method = train_set.method
     out_dir = Path(out_dir)
     model, layout = backbone.model, backbone.layout
     torch.manual_seed(st.seed)
     rng = np.random.default_rng(st.seed)
+    ws = windows(rng)
+    method = ws.method
     projector = None
     if method == "soft_token":
-        if train_set.user_vectors is None:
-            raise ValueError("soft_token training needs user vectors in the PromptSet")
-        user_dim = int(train_set.user_vectors.shape[1])
+        if user_dim is None:
+            raise ValueError("soft_token training needs user_dim (the ALS vector size)")
         projector = SoftTokenProjector(user_dim, backbone.hidden_size, st.projector)
     groups = apply_trainable(model, st.trainable, layout, projector)
     opt = torch.optim.AdamW(groups, lr=st.lr, weight_decay=st.weight_decay, betas=(0.9, 0.98))
-    sid_ids = layout.item_codes_to_ids(item_codes)  # [n_items, depth]
-    pad_id = int(backbone.tokenizer.pad_token_id or 0)
-    lengths = train_set.lengths()
-    steps_per_epoch = math.ceil(len(train_set) / st.batch_size)
-    total = steps_per_epoch * st.epochs if st.max_steps is None else min(st.max_steps, steps_per_epoch * st.epochs)
+    step_fn = _Step(model, projector, int(backbone.tokenizer.pad_token_id or 0), int(model.config.vocab_size))
+    batches = token_batches(ws.lengths(), st.batch_tokens, rng)
+    total = len(batches) * st.epochs if st.max_steps is None else min(st.max_steps, len(batches) * st.epochs)
     warmup = int(st.warmup_ratio * total)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, warmup))
-    n_params = count_parameters(model) + (count_parameters(projector) if projector is not None else 0)
-    meta = make_meta(method, layout, sid_version, backbone.name, train_set_template(backbone, method), user_dim,
-                     {"lr": st.lr, "trainable": st.trainable, "pretrained": backbone.pretrained})
+    use_bf16, bf16_info = choose_bf16(st.bf16, step_fn, ws, batches[0])
+    peak = matmul_gflops("bfloat16" if use_bf16 else "float32", seconds=0.5) * 1e9
+    meta = make_meta(method, layout, sid_version, backbone.name, _template(method), user_dim,
+                     {"lr": st.lr, "trainable": st.trainable, "pretrained": backbone.pretrained, "bf16": use_bf16})
     catalog = Catalog(item_codes, layout)
-    best = (-1.0, None, None, -1)  # recall, model state, projector state, epoch
-    history, step, tokens, bad = [], 0, 0, 0
+    params = [p for g in groups for p in g["params"]]
+    best = (-1.0, -1.0, None, None, -1)  # ndcg, recall, model state, projector state, epoch
+    history, step, tokens, flops, bad, train_s = [], 0, 0, 0.0, 0, 0.0
     t0 = time.perf_counter()
     for epoch in range(st.epochs):
+        if epoch:
+            ws = windows(rng)
+            batches = token_batches(ws.lengths(), st.batch_tokens, rng)
         model.train()
         if projector is not None:
             projector.train()
-        batches = length_batches(lengths, st.batch_size, rng)
-        bar = progress(batches, desc=f"{method} lr={st.lr:g} epoch {epoch + 1}/{st.epochs}", unit="batch", enabled=st.progress)
-        tot, nb = 0.0, 0
+        bar = progress(batches, desc=f"{method} lr={st.lr:g} epoch {epoch + 1}/{st.epochs}", unit="batch",
+                       enabled=st.progress)
+        tot, nb, te = 0.0, 0, time.perf_counter()
         for idx in bar:
             if step >= total:
                 break
-            ids, mask, tpos, tgts, ph, vec = collate(train_set, idx, sid_ids, pad_id)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=st.bf16):
-                logits = target_logits(model, ids, mask, tpos, ph, vec, projector)
-            loss = sid_loss(logits, tgts)
+            loss, n_tok, n_logit, keys = step_fn.loss(ws, idx, use_bf16)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            params = [p for g in groups for p in g["params"]]
             torch.nn.utils.clip_grad_norm_(params, st.grad_clip)
             opt.step()
             sched.step()
             step += 1
-            tokens += int(mask.sum())
+            tokens += n_tok
+            flops += train_flops(model.config, n_tok, n_logit, step_fn.vocab, keys)
             lv = float(loss.detach())
             tot, nb = tot + lv, nb + 1
             bar.set_postfix(loss=f"{lv:.3f}")
-            if log_fn and step % 10 == 0:
+            if log_fn and step % 20 == 0:
                 log_fn({names.TRAIN_LOSS: lv, "train/lr": sched.get_last_lr()[0]}, step)
         bar.close()
+        train_s += time.perf_counter() - te
         model.eval()
         if projector is not None:
             projector.eval()
         live = LoadedCheckpoint(out_dir, model, backbone.tokenizer, meta, catalog, projector)
-        rec = validate_recall10(live, valid_set, st.valid_beam_width, st.progress)
-        row = {"epoch": epoch + 1, "step": step, "train_loss": tot / max(1, nb), names.VALID_RECALL10: rec,
-               "wall_s": time.perf_counter() - t0}
+        val = validate(live, valid_set, st.valid_beam_width, st.progress)
+        row = {"epoch": epoch + 1, "step": step, "train_loss": tot / max(1, nb), **val, names.TRAIN_FLOPS: flops,
+               "targets": ws.n_targets, "tokens_per_s": tokens / max(train_s, 1e-9), "wall_s": time.perf_counter() - t0}
         history.append(row)
+        print(f"  {method} lr={st.lr:g} epoch {epoch + 1}: loss {row['train_loss']:.3f}, valid NDCG@10 "
+              f"{val[names.VALID_NDCG10]:.4f} R@10 {val[names.VALID_RECALL10]:.4f}, {row['tokens_per_s']:,.0f} tokens/s",
+              flush=True)
         if log_fn:
-            log_fn({names.TRAIN_EPOCH_LOSS: row["train_loss"], names.VALID_RECALL10: rec}, step)
-        if rec > best[0]:
-            best = (rec, copy.deepcopy(model.state_dict()),
+            log_fn({names.TRAIN_EPOCH_LOSS: row["train_loss"], **val, names.TRAIN_FLOPS: flops}, step)
+        if val[names.VALID_NDCG10] > best[0]:
+            best = (val[names.VALID_NDCG10], val[names.VALID_RECALL10], copy.deepcopy(model.state_dict()),
                     None if projector is None else copy.deepcopy(projector.state_dict()), epoch + 1)
             bad = 0
         else:
             bad += 1
         if bad >= st.patience or step >= total:
             break
-    model.load_state_dict(best[1])
+    model.load_state_dict(best[2])
     if projector is not None:
-        projector.load_state_dict(best[2])
+        projector.load_state_dict(best[3])
     model.eval()
     final = save_checkpoint(out_dir / "checkpoint", model, backbone.tokenizer, meta, item_codes, projector)
+    rate = tokens / max(train_s, 1e-9)
+    history.append({"bf16": bf16_info})
     return TrainResult(
-        method=method, lr=st.lr, checkpoint=final, best_epoch=best[3], best_valid_recall10=best[0],
-        epochs_run=len(history), steps=step, train_examples=len(train_set), train_tokens=tokens,
-        flops=6.0 * n_params * tokens, wall_s=time.perf_counter() - t0, history=history,
+        method=method, lr=st.lr, checkpoint=final, best_epoch=best[4], best_valid_ndcg10=best[0],
+        best_valid_recall10=best[1], epochs_run=sum("epoch" in h for h in history), steps=step,
+        train_targets=ws.n_targets, train_tokens=tokens, flops=flops, wall_s=time.perf_counter() - t0,
+        tokens_per_s=rate, matmul_share=flops / max(train_s, 1e-9) / peak, bf16=use_bf16, history=history,
     )
 
 
-def train_set_template(backbone, method: str) -> str:
+def _template(method: str) -> str:
     from workbench.study.prompts import TEMPLATES
 
     return TEMPLATES[method]
-
-
-def with_lr(st: TrainSettings, lr: float) -> TrainSettings:
-    return replace(st, lr=lr)

@@ -1,0 +1,174 @@
+"""Full-sequence training windows: coverage, context caps, the evaluation view, no leaks, one-pass loss."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from workbench.sids.layout import SidLayout, add_dedup_digit
+from workbench.study.prompts import PromptBuilder, UserEncoder
+from workbench.study.windows import WindowBuilder, collate, context_items, tile, token_batches
+
+N_ITEMS = 40
+METHODS = ("none", "none_long", "text_history", "user_sid", "soft_token")
+
+
+def _codes():
+    rng = np.random.default_rng(0)
+    return add_dedup_digit(np.stack([rng.integers(0, 4, N_ITEMS), rng.integers(0, 4, N_ITEMS)], 1))
+
+
+CODES = _codes()
+LAYOUT = SidLayout(base_vocab_size=100, item_codebooks=(4, 4), dedup_size=int(CODES[:, -1].max()) + 1,
+                   user_codebooks=(5, 5))
+SIDS = LAYOUT.item_codes_to_ids(CODES)
+TEXT = [[10 + i % 80, 50 + i % 3, 60 + i % 7][: 1 + i % 3] for i in range(N_ITEMS)]  # 1-3 tokens per item
+
+
+def _builder(method, k=3, m=6, max_tokens=512):
+    return PromptBuilder(method, LAYOUT, SIDS, recent_k=k, long_m=m, item_text_ids=TEXT, max_prompt_tokens=max_tokens)
+
+
+def _train(n_users=12):
+    rng = np.random.default_rng(5)
+    return [rng.permutation(N_ITEMS)[: int(rng.integers(2, 30))].astype(np.int64) for _ in range(n_users)]
+
+
+class Recorder:
+    """A leak-checking stand-in for the ALS fold-in: records every (user, cut) it folds in."""
+
+    def __init__(self):
+        self.cuts: list[tuple[int, int]] = []
+
+    def train_vectors(self, user, seq, cuts):
+        self.cuts += [(int(user), int(c)) for c in cuts]
+        out = np.zeros((len(cuts), N_ITEMS), np.float32)
+        for r, c in enumerate(cuts):
+            out[r, seq[:c]] = 1.0
+        return out
+
+    def encoder(self):
+        codes = lambda v: np.stack([v.argmax(1) % 5, (v.sum(1) % 5).astype(int)], 1)  # noqa: E731
+        return UserEncoder(lambda lists: None, N_ITEMS, codes, self.train_vectors)
+
+
+def test_tiling_covers_every_transition_once_within_the_context():
+    rng = np.random.default_rng(0)
+    for n in (2, 3, 7, 50):
+        for ctx in (1, 3, 10):
+            spans = tile(n, ctx, rng)
+            targets = [t for s, e in spans for t in range(s + 1, e + 1)]
+            assert targets == list(range(1, n))  # each transition once, in order
+            assert all(1 <= e - s <= ctx for s, e in spans)
+            assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))  # a window starts at the previous one's end
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_trains_on_the_same_targets_and_each_view_is_its_eval_prompt(method):
+    train = _train()
+    rec = Recorder()
+    b = _builder(method)
+    wb = WindowBuilder(b, max_tokens=b.max_prompt_tokens)
+    ws = wb.epoch(train, rec.encoder(), np.random.default_rng(1))
+    got = sorted((w.user, int(t)) for w in ws.windows for t in w.targets)
+    assert got == sorted((u, int(t)) for u, s in enumerate(train) for t in s[1:])  # same for every method
+    ctx = context_items(method, 3, 6)
+    depth = SIDS.shape[1]
+    for w in ws.windows:
+        seq = train[w.user]
+        assert len(w.items) - 1 <= ctx and w.items.tolist() == seq[w.start : w.start + len(w.items)].tolist()
+        assert len(w.loss_tok) == depth * (len(w.items) - 1)
+        assert w.loss_tok == [t for it in w.items[1:] for t in SIDS[it].tolist()]
+        # the last target's view is exactly the evaluation prompt of its history (the window's items)
+        hist = seq[w.start : w.start + len(w.items) - 1]
+        signal = None
+        if method == "user_sid":
+            signal = w.ids[1:3]
+        want = b.build(hist, signal)[0]
+        if method == "text_history":
+            first_block = w.blocks.index(len(w.items) - 1)
+            shared = [t for t, blk in zip(w.ids[:first_block], w.blocks[:first_block]) if blk == -1]
+            view = shared + [w.ids[first_block]]
+            pos = [p for p, blk in zip(w.positions[:first_block], w.blocks[:first_block]) if blk == -1]
+            assert pos + [w.positions[first_block]] == list(range(len(view)))  # positions as in the prompt
+        else:
+            view = w.ids[: len(w.ids) - depth]
+        assert view == want, (method, w.user, w.start)
+
+
+@pytest.mark.parametrize("method", ["user_sid", "soft_token"])
+def test_no_supervised_target_reaches_the_user_signal(method):
+    """Over every window of a small run: the signal is folded in from items strictly before the window."""
+    train = _train()
+    rec = Recorder()
+    b = _builder(method)
+    ws = WindowBuilder(b, max_tokens=512).epoch(train, rec.encoder(), np.random.default_rng(2))
+    assert len(rec.cuts) == len(ws.windows)
+    for (user, cut), w in zip(rec.cuts, ws.windows):
+        assert user == w.user and cut == w.start
+        signal_items = set(train[user][:cut].tolist())
+        assert not signal_items & set(w.targets.tolist()), "a supervised target was folded into its own signal"
+        if method == "soft_token":
+            assert w.user_vector[w.targets].sum() == 0 and w.placeholder_pos == 0
+
+
+def test_real_fold_models_never_saw_the_windows_user():
+    """With the real ALS folds: the model that folds a user's windows in was fitted without that user."""
+    from workbench.sids.embeddings import fit_als, fit_als_folds, users_seen_by
+
+    rng = np.random.default_rng(3)
+    train = [rng.choice(N_ITEMS, size=int(rng.integers(5, 25)), replace=False) for _ in range(60)]
+    ref = fit_als(train, N_ITEMS, factors=8, iterations=3, seed=0, show_progress=False)
+    folds = fit_als_folds(train, N_ITEMS, 3, 8, 3, 0.05, 1.0, 0, reference=ref)
+    enc = UserEncoder(None, 8, None, folds.vectors_as_of)
+    b = _builder("soft_token")
+    ws = WindowBuilder(b, max_tokens=512).epoch(train, enc, np.random.default_rng(0))
+    for w in ws.windows:
+        assert w.user not in set(users_seen_by(folds, folds.fold_of(w.user)).tolist())
+        np.testing.assert_allclose(w.user_vector, folds.vectors_as_of(w.user, train[w.user], np.array([w.start]))[0])
+
+
+def test_token_batches_respect_the_budget_and_cover_every_window():
+    lengths = np.random.default_rng(0).integers(5, 300, size=500)
+    batches = token_batches(lengths, 1024, np.random.default_rng(1))
+    assert sorted(int(i) for b in batches for i in b) == list(range(500))
+    assert all(len(b) == 1 or len(b) * lengths[b].max() <= 1024 for b in batches)
+
+
+@pytest.mark.parametrize("method", ["text_history", "none", "soft_token"])
+def test_windowed_loss_equals_per_example_loss(method):
+    """One pass over a window (block mask, prompt positions) gives every target the loss of its own
+    per-example prompt (evaluation layout + teacher-forced SID), within 1e-5."""
+    import torch
+    import torch.nn.functional as F
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from workbench.model.projector import SoftTokenProjector
+    from workbench.study.train import target_logits
+    from workbench.study.windows import window_logits
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=LAYOUT.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=256)
+    model = Qwen3ForCausalLM(cfg).eval()
+    proj = SoftTokenProjector(N_ITEMS, 32, "linear") if method == "soft_token" else None
+    train = _train(6)
+    b = _builder(method, k=3, m=6)
+    ws = WindowBuilder(b, max_tokens=256).epoch(train, Recorder().encoder(), np.random.default_rng(4))
+    with torch.no_grad():
+        ids, pos, mask, at, toks, ph, vec = collate(ws, range(len(ws)), pad_id=0)
+        win = F.cross_entropy(window_logits(model, ids, pos, mask, at, ph, vec, proj), toks, reduction="none")
+        per_ex = []
+        depth = SIDS.shape[1]
+        for w in ws.windows:
+            seq = train[w.user]
+            for j, it in enumerate(w.items[1:], 1):
+                prompt, p = b.build(seq[w.start : w.start + j], w.ids[1:3] if method == "user_sid" else None)
+                sid = SIDS[it].tolist()
+                x = torch.tensor([prompt + sid[:-1]])
+                tpos = torch.tensor([list(range(len(prompt) - 1, len(prompt) - 1 + depth))])
+                v = None if w.user_vector is None else torch.from_numpy(w.user_vector[None])
+                lg = target_logits(model, x, torch.ones_like(x), tpos, torch.tensor([p if p is not None else -1]), v, proj)
+                per_ex.append(F.cross_entropy(lg[0], torch.tensor(sid), reduction="none"))
+    per_ex = torch.cat(per_ex)
+    assert len(per_ex) == len(win) and (win - per_ex).abs().max().item() < 1e-5

@@ -1,0 +1,57 @@
+"""What this CPU can do: its model and the instruction sets that matter, its matmul rate, bf16 or not.
+
+The project's machines are not all the same CPU (an AVX2-only AMD EPYC, or an Intel Xeon with
+AVX-512, AVX512-BF16 and AMX where bf16 matmul is ~7x float32), so every measurement names the
+CPU it ran on (`cpu_info`, logged with each run) and speed-dependent choices are measured here,
+not assumed: `matmul_gflops` is the compute ceiling that engine and training throughput are
+reported against.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from functools import lru_cache
+
+FLAGS_THAT_MATTER = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+@lru_cache(maxsize=1)
+def cpu_info() -> dict[str, str]:
+    """{"cpu_model": ..., "cpu_flags": "avx2 avx512f ..."} (only the flags that matter, as present)."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and model in ("", platform.machine()):
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:
+        pass
+    return {"cpu_model": model, "cpu_flags": " ".join(f for f in FLAGS_THAT_MATTER if f in flags)}
+
+
+def has_bf16_instructions() -> bool:
+    flags = cpu_info()["cpu_flags"].split()
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def matmul_gflops(dtype="float32", device: str = "cpu", n: int = 1024, seconds: float = 1.0) -> float:
+    """Measured n x n matmul rate (GFLOP/s) at the current torch thread count."""
+    import torch
+
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
+    for _ in range(3):
+        a @ b
+    reps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a @ b
+        reps += 1
+    if device != "cpu":
+        torch.cuda.synchronize()
+    return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e9

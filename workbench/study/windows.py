@@ -1,0 +1,268 @@
+"""Full-sequence training: every train transition is a target once per epoch, in one pass per window.
+
+A user's train sequence h_0 .. h_{n-1} is cut into consecutive chunks of targets, each at most
+the method's context `c` long (`methods.recent_k` for none / user_sid / soft_token, `long_m` for
+none_long / text_history), tiled from the end of the sequence with a random first chunk per epoch
+(so context lengths vary from epoch to epoch). A window is a chunk plus the item just before it:
+items w_0 .. w_m (m <= c), targets w_1 .. w_m. Target w_j sees w_0 .. w_{j-1}: never more than the
+c items the method's prompt shows at evaluation. Item 0 of each user is never a target (it has no
+history), so every method trains on exactly the same item targets per epoch.
+
+Layouts (S(i): the SID tokens of item i, T(i): its text; loss on every SID token of w_1 .. w_m):
+
+    none, none_long   <|hist|> S(w_0) S(w_1) ... S(w_m)
+    user_sid          <|usid|> U <|hist|> S(w_0) ... S(w_m)
+    soft_token        <|user|> <|hist|> S(w_0) ... S(w_m)          (placeholder at position 0)
+    text_history      <|text|> T(w_0) [<|next|> S(w_1)] <|sep|> T(w_1) [<|next|> S(w_2)] ...
+
+The last target's view is exactly the method's evaluation prompt (`prompts.PromptBuilder`) followed
+by its SID. In text_history each `[<|next|> S(w_j)]` block is seen only by itself (the multi-item
+scoring mask, used for training) and takes the positions it would have at the end of the prompt
+`<|text|> T(w_0) ... T(w_{j-1}) <|next|>`, so one pass gives every target the loss of its own
+per-example prompt (tests/test_windows.py checks that to 1e-5).
+
+The user signal (U, the soft token's vector) is folded in from the items *before* w_0 only, with
+item factors that never saw this user (`UserEncoder.train_vectors`, the ALS fold models): no
+supervised target is among the interactions that produced it. At evaluation it is folded in from
+the items before the c context items, so training and evaluation read the same kind of signal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from workbench.study.prompts import NEEDS_VECTOR, PromptBuilder, PromptError, UserEncoder
+
+LONG_CONTEXT = ("none_long", "text_history")  # methods whose context is methods.long_m items
+
+
+def context_items(method: str, recent_k: int, long_m: int) -> int:
+    return long_m if method in LONG_CONTEXT else recent_k
+
+
+@dataclass
+class Window:
+    """One training sequence: token ids, optional positions / blocks, and where the loss is read."""
+
+    user: int
+    start: int  # index of w_0 in the user's train sequence (the user signal uses seq[:start])
+    items: np.ndarray  # w_0 .. w_m
+    ids: list[int]
+    loss_pos: list[int]  # logits at these positions ...
+    loss_tok: list[int]  # ... predict these tokens (every SID token of w_1 .. w_m)
+    positions: list[int] | None = None  # None: 0 .. len-1
+    blocks: list[int] | None = None  # per token: -1 shared stream, b >= 0 visible only within block b
+    placeholder_pos: int | None = None
+    user_vector: np.ndarray | None = None
+
+    @property
+    def targets(self) -> np.ndarray:
+        return self.items[1:]
+
+
+@dataclass
+class WindowSet:
+    method: str
+    windows: list[Window] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def lengths(self) -> np.ndarray:
+        return np.array([len(w.ids) for w in self.windows], dtype=np.int64)
+
+    @property
+    def n_targets(self) -> int:
+        return int(sum(len(w.items) - 1 for w in self.windows))
+
+    @property
+    def n_loss_tokens(self) -> int:
+        return int(sum(len(w.loss_tok) for w in self.windows))
+
+
+def tile(n: int, ctx: int, rng: np.random.Generator, fits=None) -> list[tuple[int, int]]:
+    """(start, end) windows over a sequence of n items: targets start+1 .. end, each chunk <= ctx
+    targets, tiled from the end (the last chunk's length is random), covering targets 1 .. n-1 once.
+    `fits(start, end)` may refuse a window (token budget): the chunk is then cut shorter."""
+    out = []
+    end = n - 1
+    size = int(rng.integers(1, ctx + 1))
+    while end >= 1:
+        start = max(0, end - size)
+        while fits is not None and end - start > 1 and not fits(start, end):
+            start += 1
+        out.append((start, end))
+        end = start
+        size = ctx
+    return out[::-1]
+
+
+class WindowBuilder:
+    """Training windows of one method, built on the method's `PromptBuilder` (same tokens, same rules)."""
+
+    def __init__(self, prompts: PromptBuilder, max_tokens: int):
+        self.p = prompts
+        self.method = prompts.method
+        self.ctx = context_items(self.method, prompts.recent_k, prompts.long_m)
+        self.max_tokens = int(max_tokens)
+        self.depth = prompts.item_sid_ids.shape[1]
+
+    # ---- one window ----------------------------------------------------------------------------
+    def window(self, user: int, seq: np.ndarray, start: int, end: int, signal=None) -> Window:
+        """`signal`: the user vector (soft_token) or user-SID token ids (user_sid) as of `start`."""
+        items = np.asarray(seq[start : end + 1], dtype=np.int64)
+        if self.method == "text_history":
+            return self._text_window(user, start, items)
+        p = self.p
+        head, ph, vec = [p.HIST], None, None
+        if self.method == "user_sid":
+            if signal is None:
+                raise PromptError("user_sid windows need the user's SID tokens")
+            head = [p.USID, *[int(t) for t in signal], p.HIST]
+        elif self.method == "soft_token":
+            head, ph, vec = [p.USER, p.HIST], 0, np.asarray(signal, dtype=np.float32)
+        sids = p.item_sid_ids[items]  # [m + 1, depth]
+        ids = head + sids.reshape(-1).tolist()
+        first = len(head) + self.depth  # first token of S(w_1)
+        loss_pos = list(range(first - 1, len(ids) - 1))
+        return Window(user, start, items, ids, loss_pos, ids[first:], placeholder_pos=ph, user_vector=vec)
+
+    def _text_window(self, user: int, start: int, items: np.ndarray) -> Window:
+        p = self.p
+        ids, pos, blocks, loss_pos, loss_tok = [p.TEXT], [0], [-1], [], []
+        for j, it in enumerate(items):
+            if j:  # the block of target w_j: positions as at the end of its own prompt
+                base = pos[-1] + 1
+                sid = p.item_sid_ids[int(it)].tolist()
+                at = len(ids)
+                ids += [p.NEXT, *sid]
+                pos += list(range(base, base + 1 + self.depth))
+                blocks += [j] * (1 + self.depth)
+                loss_pos += list(range(at, at + self.depth))
+                loss_tok += sid
+            if j < len(items) - 1:  # T(w_j) is context for the later targets
+                text = list(p.item_text_ids[int(it)])
+                piece = ([p.SEP] if j else []) + text
+                base = pos[-1] + 1 if j == 0 else pos[_last_shared(blocks)] + 1
+                ids += piece
+                pos += list(range(base, base + len(piece)))
+                blocks += [-1] * len(piece)
+        return Window(user, start, items, ids, loss_pos, loss_tok, positions=pos, blocks=blocks)
+
+    def text_tokens(self, seq: np.ndarray, start: int, end: int) -> int:
+        """Tokens of the longest prompt in a text_history window (its last target's)."""
+        texts = sum(len(self.p.item_text_ids[int(i)]) + 1 for i in seq[start:end])
+        return 1 + texts + self.depth
+
+    # ---- an epoch -----------------------------------------------------------------------------
+    def epoch(self, train: Sequence[np.ndarray], encoder: UserEncoder | None, rng: np.random.Generator,
+              users: Sequence[int] | None = None) -> WindowSet:
+        """Every user's windows for one epoch (a fresh random tiling)."""
+        out = WindowSet(self.method)
+        fits = None
+        users = range(len(train)) if users is None else users
+        for u in users:
+            seq = np.asarray(train[u], dtype=np.int64)
+            if len(seq) < 2:
+                continue
+            if self.method == "text_history":
+                fits = lambda s, e, seq=seq: self.text_tokens(seq, s, e) <= self.max_tokens  # noqa: E731
+            spans = tile(len(seq), self.ctx, rng, fits)
+            for (s, e), sig in zip(spans, self._signals(u, seq, spans, encoder)):
+                out.windows.append(self.window(u, seq, s, e, sig))
+        return out
+
+    def _signals(self, user: int, seq: np.ndarray, spans, encoder: UserEncoder | None):
+        if self.method not in NEEDS_VECTOR:
+            return [None] * len(spans)
+        if encoder is None or encoder.train_vectors is None:
+            raise PromptError(f"{self.method} windows need a UserEncoder with leak-free train_vectors (ALS folds)")
+        cuts = np.array([s for s, _ in spans], dtype=np.int64)
+        vecs = np.asarray(encoder.train_vectors(user, seq, cuts), dtype=np.float32)  # [n_windows, dim]
+        if self.method == "soft_token":
+            return list(vecs)
+        if encoder.codes is None:
+            raise PromptError("user_sid needs the user quantizer (UserEncoder.codes)")
+        return list(self.p.layout.user_codes_to_ids(np.asarray(encoder.codes(vecs))))
+
+
+def _last_shared(blocks: list[int]) -> int:
+    """Index of the last token of the shared stream (the text before the newest block)."""
+    i = len(blocks) - 1
+    while blocks[i] != -1:
+        i -= 1
+    return i
+
+
+# ---- batches -------------------------------------------------------------------------------------
+def token_batches(lengths: np.ndarray, batch_tokens: int, rng: np.random.Generator, group: int = 32) -> list[np.ndarray]:
+    """Shuffled batches of windows of similar length, each <= `batch_tokens` padded tokens."""
+    order = rng.permutation(len(lengths))
+    batches: list[np.ndarray] = []
+    span = group * 64  # windows sorted by length within random spans of this many
+    for s in range(0, len(order), span):
+        chunk = order[s : s + span]
+        chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
+        cur: list[int] = []
+        for i in chunk:
+            if cur and (len(cur) + 1) * max(lengths[cur[-1]], lengths[i]) > batch_tokens:
+                batches.append(np.asarray(cur))
+                cur = []
+            cur.append(int(i))
+        if cur:
+            batches.append(np.asarray(cur))
+    rng.shuffle(batches)
+    return batches
+
+
+def collate(ws: WindowSet, idx: Sequence[int], pad_id: int):
+    """Tensors of one batch: ids [B, L], positions [B, L] or None, a [B, 1, L, L] bool attention mask
+    or None (plain causal, right padding), loss rows (batch, position) and tokens, placeholder
+    positions [B] (-1: none) and user vectors [B, dim] or None."""
+    import torch
+
+    wins = [ws.windows[int(i)] for i in idx]
+    B, L = len(wins), max(len(w.ids) for w in wins)
+    ids = torch.full((B, L), pad_id, dtype=torch.long)
+    for r, w in enumerate(wins):
+        ids[r, : len(w.ids)] = torch.tensor(w.ids)
+    positions = mask = None
+    if any(w.blocks is not None for w in wins):
+        positions = torch.zeros((B, L), dtype=torch.long)
+        mask = torch.zeros((B, 1, L, L), dtype=torch.bool)
+        for r, w in enumerate(wins):
+            n = len(w.ids)
+            pos = torch.tensor(w.positions if w.positions is not None else list(range(n)))
+            blk = torch.tensor(w.blocks if w.blocks is not None else [-1] * n)
+            positions[r, :n] = pos
+            positions[r, n:] = pos[-1] + 1 + torch.arange(L - n)
+            causal = torch.tril(torch.ones(n, n, dtype=torch.bool))
+            visible = (blk[None, :] == -1) | (blk[None, :] == blk[:, None])  # [q, k]
+            mask[r, 0, :n, :n] = causal & visible
+            mask[r, 0, n:, :] = torch.eye(L, dtype=torch.bool)[n:]  # padding rows attend to themselves
+    rows = torch.tensor([r for r, w in enumerate(wins) for _ in w.loss_pos], dtype=torch.long)
+    cols = torch.tensor([p for w in wins for p in w.loss_pos], dtype=torch.long)
+    toks = torch.tensor([t for w in wins for t in w.loss_tok], dtype=torch.long)
+    ph = torch.tensor([-1 if w.placeholder_pos is None else w.placeholder_pos for w in wins])
+    vec = None
+    if any(w.user_vector is not None for w in wins):
+        vec = torch.from_numpy(np.stack([w.user_vector for w in wins]).astype(np.float32))
+    return ids, positions, mask, (rows, cols), toks, ph, vec
+
+
+def window_logits(model, ids, positions, mask, loss_at, placeholder_pos=None, user_vectors=None, projector=None):
+    """Logits [n_loss, vocab] at the loss positions of a collated batch (soft token injected)."""
+    import torch
+
+    emb = model.get_input_embeddings()(ids)  # [B, L, H]
+    if projector is not None and user_vectors is not None:
+        rows = torch.nonzero(placeholder_pos >= 0).squeeze(1)
+        soft = projector(user_vectors[rows]).to(emb.dtype)  # [b, H]
+        emb = emb.index_put((rows, placeholder_pos[rows]), soft)
+    # plain windows are right-padded and causal: no real position sees a pad, so no mask is needed
+    h = model.base_model(inputs_embeds=emb, attention_mask=mask, position_ids=positions).last_hidden_state
+    hs = h[loss_at[0], loss_at[1]]  # [n_loss, H]
+    return model.get_output_embeddings()(hs)
