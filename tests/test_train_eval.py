@@ -129,7 +129,7 @@ def trained(tmp_path_factory, one_torch_thread):
         wb = WindowBuilder(b, max_tokens=120)
         va = eval_examples(b, data, "valid", enc)
         te = eval_examples(b, data, "test", enc)
-        st = TrainSettings(epochs=6, batch_tokens=1024, lr=5e-3, patience=4, seed=0, progress=False, warmup_ratio=0.1,
+        st = TrainSettings(epochs=6, batch_targets=64, lr=5e-3, patience=4, seed=0, progress=False, warmup_ratio=0.1,
                            bf16=False)
         res = train_model(bb, lambda rng: wb.epoch(data.train, enc, rng), va, codes, tmp_path_factory.mktemp(method),
                           st, user_dim=N_CLUSTERS if method == "soft_token" else None)

@@ -7,7 +7,7 @@ import pytest
 
 from workbench.sids.layout import SidLayout, add_dedup_digit
 from workbench.study.prompts import PromptBuilder, UserEncoder
-from workbench.study.windows import WindowBuilder, collate, context_items, tile, token_batches
+from workbench.study.windows import WindowBuilder, collate, context_items, target_batches, tile
 
 N_ITEMS = 40
 METHODS = ("none", "none_long", "text_history", "user_sid", "soft_token")
@@ -128,11 +128,14 @@ def test_real_fold_models_never_saw_the_windows_user():
         np.testing.assert_allclose(w.user_vector, folds.vectors_as_of(w.user, train[w.user], np.array([w.start]))[0])
 
 
-def test_token_batches_respect_the_budget_and_cover_every_window():
-    lengths = np.random.default_rng(0).integers(5, 300, size=500)
-    batches = token_batches(lengths, 1024, np.random.default_rng(1))
+def test_target_batches_hold_the_budget_and_cover_every_window():
+    rng = np.random.default_rng(0)
+    lengths, targets = rng.integers(5, 300, size=500), rng.integers(1, 10, size=500)
+    batches = target_batches(targets, lengths, 64, np.random.default_rng(1))
     assert sorted(int(i) for b in batches for i in b) == list(range(500))
-    assert all(len(b) == 1 or len(b) * lengths[b].max() <= 1024 for b in batches)
+    sizes = sorted(int(targets[b].sum()) for b in batches)
+    assert sum(sizes) == int(targets.sum())
+    assert all(64 <= s < 64 + 10 for s in sizes[1:])  # one short batch at most (the span's remainder)
 
 
 @pytest.mark.parametrize("method", ["text_history", "none", "soft_token"])

@@ -120,7 +120,7 @@ class ModelConfig(Section):
 class TrainingConfig(Section):
     # full-sequence windows (study/windows.py): every train transition is a target once per epoch
     epochs: int = Field(3, ge=1)
-    batch_tokens: int = Field(8192, ge=64)  # padded tokens per step (windows of similar length)
+    batch_targets: int = Field(512, ge=1)  # item targets per step: the same steps per epoch for every method
     lr_grid: tuple[float, ...] = (1e-3,)  # picked per method on validation NDCG@10
     weight_decay: float = Field(0.01, ge=0)
     warmup_ratio: float = Field(0.05, ge=0, lt=1)

@@ -101,6 +101,7 @@ TAG_CHECKPOINT = "workbench.checkpoint"
 TAG_DATASET = "workbench.dataset"
 TAG_CONFIG_HASH = "workbench.config_hash"
 TAG_GIT_COMMIT = "workbench.git_commit"
+TAG_CPU = "workbench.cpu"  # CPU model and the instruction sets that matter (hardware.cpu_info)
 TAG_EXPERIMENT_FILE = "workbench.experiment_file"
 TAG_ERROR = "workbench.error"
 TAG_SEED = "workbench.seed"

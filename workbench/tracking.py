@@ -101,12 +101,12 @@ def package_versions() -> dict[str, str]:
 
 
 def hardware() -> dict[str, Any]:
-    info: dict[str, Any] = {"machine": platform.machine(), "cpus": os.cpu_count(), "system": platform.system()}
+    """The machine a run measured on: CPU model and the instruction sets that matter (hardware.cpu_info)."""
+    from workbench.hardware import cpu_info
+
+    info: dict[str, Any] = {"machine": platform.machine(), "cpus": os.cpu_count(), "system": platform.system(),
+                            **cpu_info()}
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu_model"] = line.split(":", 1)[1].strip()
-                break
         mem = Path("/proc/meminfo").read_text().split()[1]
         info["mem_gib"] = round(int(mem) / 2**20, 1)
     except OSError:
@@ -161,6 +161,10 @@ def start_run(
         all_tags["mlflow.parentRunId"] = parent.info.run_id
     if experiment_file:
         all_tags[names.TAG_EXPERIMENT_FILE] = str(experiment_file)
+    from workbench.hardware import cpu_info
+
+    cpu = cpu_info()
+    all_tags[names.TAG_CPU] = f"{cpu['cpu_model']} ({cpu['cpu_flags'] or 'no AVX-512'})"
     all_tags.update(tags or {})
     run = client.create_run(exp_id, tags=all_tags, run_name=run_name)
     rid = run.info.run_id

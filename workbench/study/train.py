@@ -2,7 +2,7 @@
 
 Each epoch re-tiles every user's train sequence into windows (a fresh random tiling), so every
 train transition is a target once per epoch for every method. One step is a batch of windows of
-similar length (at most `batch_tokens` padded tokens); the loss is the cross-entropy of every SID
+similar length holding ~`batch_targets` item targets (the same steps for every method); the loss is the cross-entropy of every SID
 token of every target, read only at the positions that predict them:
 
     h      = backbone(window tokens [+ soft token], causal or block mask)   # [B, L, H]
@@ -38,7 +38,7 @@ from workbench import names
 @dataclass
 class TrainSettings:
     epochs: int = 3
-    batch_tokens: int = 8192
+    batch_targets: int = 512
     lr: float = 1e-3
     weight_decay: float = 0.01
     warmup_ratio: float = 0.05
@@ -200,7 +200,7 @@ def train_model(backbone, windows: Callable[[np.random.Generator], object], vali
     from workbench.progress import progress
     from workbench.sids.layout import Catalog
     from workbench.study.flops import train_flops
-    from workbench.study.windows import token_batches
+    from workbench.study.windows import target_batches
 
     out_dir = Path(out_dir)
     model, layout = backbone.model, backbone.layout
@@ -216,7 +216,7 @@ def train_model(backbone, windows: Callable[[np.random.Generator], object], vali
     groups = apply_trainable(model, st.trainable, layout, projector)
     opt = torch.optim.AdamW(groups, lr=st.lr, weight_decay=st.weight_decay, betas=(0.9, 0.98))
     step_fn = _Step(model, projector, int(backbone.tokenizer.pad_token_id or 0), int(model.config.vocab_size))
-    batches = token_batches(ws.lengths(), st.batch_tokens, rng)
+    batches = target_batches(ws.targets_per_window(), ws.lengths(), st.batch_targets, rng)
     total = len(batches) * st.epochs if st.max_steps is None else min(st.max_steps, len(batches) * st.epochs)
     warmup = int(st.warmup_ratio * total)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, warmup))
@@ -232,7 +232,7 @@ def train_model(backbone, windows: Callable[[np.random.Generator], object], vali
     for epoch in range(st.epochs):
         if epoch:
             ws = windows(rng)
-            batches = token_batches(ws.lengths(), st.batch_tokens, rng)
+            batches = target_batches(ws.targets_per_window(), ws.lengths(), st.batch_targets, rng)
         model.train()
         if projector is not None:
             projector.train()

@@ -74,6 +74,9 @@ class WindowSet:
     def lengths(self) -> np.ndarray:
         return np.array([len(w.ids) for w in self.windows], dtype=np.int64)
 
+    def targets_per_window(self) -> np.ndarray:
+        return np.array([len(w.items) - 1 for w in self.windows], dtype=np.int64)
+
     @property
     def n_targets(self) -> int:
         return int(sum(len(w.items) - 1 for w in self.windows))
@@ -198,8 +201,13 @@ def _last_shared(blocks: list[int]) -> int:
 
 
 # ---- batches -------------------------------------------------------------------------------------
-def token_batches(lengths: np.ndarray, batch_tokens: int, rng: np.random.Generator, group: int = 32) -> list[np.ndarray]:
-    """Shuffled batches of windows of similar length, each <= `batch_tokens` padded tokens."""
+def target_batches(targets: np.ndarray, lengths: np.ndarray, batch_targets: int, rng: np.random.Generator,
+                   group: int = 32) -> list[np.ndarray]:
+    """Shuffled batches of windows of similar length holding ~`batch_targets` item targets each.
+
+    Batches are sized in targets, not tokens, so every method takes the same number of optimizer
+    steps over the same targets per epoch (a text window holds ~4x the tokens of a SID window for the
+    same targets); windows are sorted by length within random spans to limit padding."""
     order = rng.permutation(len(lengths))
     batches: list[np.ndarray] = []
     span = group * 64  # windows sorted by length within random spans of this many
@@ -207,11 +215,13 @@ def token_batches(lengths: np.ndarray, batch_tokens: int, rng: np.random.Generat
         chunk = order[s : s + span]
         chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
         cur: list[int] = []
+        n = 0
         for i in chunk:
-            if cur and (len(cur) + 1) * max(lengths[cur[-1]], lengths[i]) > batch_tokens:
-                batches.append(np.asarray(cur))
-                cur = []
             cur.append(int(i))
+            n += int(targets[i])
+            if n >= batch_targets:
+                batches.append(np.asarray(cur))
+                cur, n = [], 0
         if cur:
             batches.append(np.asarray(cur))
     rng.shuffle(batches)
