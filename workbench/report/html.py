@@ -147,7 +147,8 @@ def collect_study(experiment: str | Sequence[str], quality_metric: str | None = 
                 "config": _load_artifact_dict(client, r.info.run_id, "config.json"),
                 "environment": _load_artifact_dict(client, r.info.run_id, "environment.json"),
             })  # fmt: skip
-        elif any(k.startswith("quality/") for k in m) and r.info.status == "FINISHED":
+        elif (any(k.startswith("quality/") for k in m) and r.info.status == "FINISHED"
+              and t.get(names.TAG_SIGNAL, "own") == "own"):  # a load run replays the method's own signal
             q = {k: t.get(k) for k in COMPARE_TAGS}
             q.update({"run_id": r.info.run_id, "run_name": t.get("mlflow.runName", ""),
                       "method": t.get(names.TAG_METHOD)})
