@@ -19,7 +19,7 @@ SID depth (otherwise random SID-block tokens of the requested length).
 Only `workbench.json` and `catalog.npz` are read (numpy, no torch), so building a workload is cheap.
 
 `TestSplitWorkload` replays a trained checkpoint's real test prompts instead (`load.prompts_from:
-test_split`; the prompts come from the study that trained it, see `bench.StudySource`).
+test_split`; the prompts come from the study that trained it, see `load/sources.py`).
 """
 
 from __future__ import annotations
