@@ -90,6 +90,14 @@ def make_prompts(checkpoint, n_prompts: int = 2, prompt_len: int = 24, seed: int
     return out
 
 
+def _catalog(checkpoint):
+    """The checkpoint's catalog from its catalog file (no model weights loaded)."""
+    from workbench.model.checkpoint import CATALOG_FILE, read_meta
+    from workbench.sids.layout import Catalog
+
+    return Catalog(np.load(f"{checkpoint}/{CATALOG_FILE}")["item_codes"], read_meta(checkpoint).layout)
+
+
 async def _timed(coro):
     t0 = time.perf_counter()
     out = await coro
@@ -99,11 +107,10 @@ async def _timed(coro):
 async def compare_engines(engine, oracle, checkpoint, *, n_prompts: int = 2, prompt_len: int = 24, beam_width: int = 4,
                           n_candidates: int = 6, tol: float = 1e-3, seed: int = 0) -> ParityReport:
     """Run the suite on `engine` and `oracle` (both already built on `checkpoint`)."""
-    from workbench.model.checkpoint import CATALOG_FILE, read_meta
-    from workbench.sids.layout import Catalog
+    from workbench.model.checkpoint import read_meta
 
     meta = read_meta(checkpoint)
-    catalog = Catalog(np.load(f"{checkpoint}/{CATALOG_FILE}")["item_codes"], meta.layout)
+    catalog = _catalog(checkpoint)
     depth = catalog.depth
     prompts = make_prompts(checkpoint, n_prompts, prompt_len, seed)
     caps = engine.capabilities()
@@ -227,32 +234,34 @@ def build_engines(names, checkpoint, urls: dict[str, str] | None = None) -> tupl
     return built, unavailable
 
 
-def feature_requests(checkpoint, workload: str, n_prompts: int, prompt_len: int, beam_width: int, n_candidates: int):
-    """The requests of one FEATURE_WORKLOADS entry on `checkpoint` (synthetic prompts, catalog candidates)."""
-    from workbench.model.checkpoint import load_checkpoint
-
+def feature_requests(checkpoint, n_prompts: int, prompt_len: int, beam_width: int,
+                     n_candidates: int) -> dict[str, list]:
+    """The requests of every FEATURE_WORKLOADS entry on `checkpoint` (synthetic prompts, catalog candidates),
+    built once: every engine is timed on the same requests."""
     prompts = make_prompts(checkpoint, n_prompts, prompt_len)
-    catalog = load_checkpoint(checkpoint).catalog
-    plist = prompts["soft"] if workload == "beam_soft_token" else prompts["plain"]
-    if workload == "score_sequence":
-        cands = tuple(tuple(catalog.sid_tokens(i)) for i in range(n_candidates))
-        return [ScoreRequest(p, cands) for p in plist]
-    return [BeamSearchRequest(p, beam_width, catalog.depth, constrained=workload == "beam_constrained") for p in plist]
+    catalog = _catalog(checkpoint)
+    cands = tuple(tuple(catalog.sid_tokens(i)) for i in range(n_candidates))
+    out = {}
+    for wl in FEATURE_WORKLOADS:
+        plist = prompts["soft"] if wl == "beam_soft_token" else prompts["plain"]
+        out[wl] = ([ScoreRequest(p, cands) for p in plist] if wl == "score_sequence" else
+                   [BeamSearchRequest(p, beam_width, catalog.depth, constrained=wl == "beam_constrained") for p in plist])
+    return out
 
 
 async def feature_latency(engines: dict, checkpoint, *, n_prompts: int, prompt_len: int, beam_width: int,
                           n_candidates: int, repeats: int) -> dict[str, dict]:
     """`"<engine>/<workload>"` -> `time_requests` stats for every engine and every workload it offers
     (a workload needing a feature the engine declares unsupported is left out; a failure is recorded)."""
+    requests = feature_requests(checkpoint, n_prompts, prompt_len, beam_width, n_candidates)
     out = {}
     for name, eng in engines.items():
         caps = eng.capabilities()
         for wl, (kind, need) in FEATURE_WORKLOADS.items():
             if need and not caps.supports(need):
                 continue
-            reqs = feature_requests(checkpoint, wl, n_prompts, prompt_len, beam_width, n_candidates)
             try:
-                out[f"{name}/{wl}"] = await time_requests(eng, lambda: reqs, kind, repeats=repeats)
+                out[f"{name}/{wl}"] = await time_requests(eng, lambda wl=wl: requests[wl], kind, repeats=repeats)
             except RuntimeError as e:
                 out[f"{name}/{wl}"] = {"error": str(e)[:200]}
     return out

@@ -27,10 +27,10 @@ import numpy as np
 
 from workbench import names
 from workbench.study.stages import (
-    _child,
+    child_run,
     _say,
-    _seen_test,
-    _threads,
+    seen_items,
+    use_threads,
     eval_tags,
     evaluate_method,
     inputs_from_context,
@@ -62,7 +62,7 @@ def evaluate_stage(ctx) -> Any:
     from workbench.study.summary import format_table, log_study
 
     cfg = ctx.cfg
-    _threads(cfg)
+    use_threads(cfg)
     inp = inputs_from_context(ctx)
     trained = ctx.products["train"]  # the pipeline runs `train` first (DEPENDS); cache hits when unchanged
     users = test_users(cfg, inp)
@@ -72,7 +72,7 @@ def evaluate_stage(ctx) -> Any:
         for variant in variants:
             name = method if variant == "own" else f"{method}/{variant}"
             tags = {**eval_tags(method, seed, res.checkpoint), names.TAG_SIGNAL: variant}
-            with _child(ctx, f"{name}/seed{seed}", tags) as run:
+            with child_run(ctx, f"{name}/seed{seed}", tags) as run:
                 t0 = time.perf_counter()
                 ev = evaluate_method(cfg, inp, method, res, users, None, variant=variant)
                 e = entries.setdefault(name, Entry(name))
@@ -98,20 +98,20 @@ def _baselines(ctx, inp, users: np.ndarray) -> dict[str, Entry]:
     from workbench.study.evaluate import Quality
 
     cfg, d = ctx.cfg, inp.interactions
-    seen = _seen_test(inp, users)
+    seen = seen_items(inp, users)
     targets = d.test[users]
     ks, K = cfg.evaluation.ks, max(cfg.evaluation.ks)
     t0 = time.perf_counter()
     out = {n: Entry(n) for n in BASELINES}
     pop = Quality.from_lists("popularity", users, targets, popularity_rank(d.train, d.n_items, seen, K), ks, d.n_items)
     out["popularity"].per_seed[cfg.seed] = pop.per_user
-    with _child(ctx, "baseline/als", {names.TAG_METHOD: "als"}) as run:
+    with child_run(ctx, "baseline/als", {names.TAG_METHOD: "als"}) as run:
         lists, info = als_test_lists(cfg, inp, users, seen, K)
         q = Quality.from_lists("als", users, targets, lists, ks, d.n_items)
         out["als"].per_seed[cfg.seed], out["als"].extra[cfg.seed] = q.per_user, info
         run.log_metrics({**q.summary(), **{k: v for k, v in info.items() if isinstance(v, float)}})
     for seed in cfg.training.seeds:
-        with _child(ctx, f"baseline/sasrec/seed{seed}", {names.TAG_METHOD: "sasrec", names.TAG_SEED: seed}) as run:
+        with child_run(ctx, f"baseline/sasrec/seed{seed}", {names.TAG_METHOD: "sasrec", names.TAG_SEED: seed}) as run:
             model, st, info = sasrec(cfg, inp, seed, log_fn=run.log_metrics)
             hist = [np.r_[d.train[u], d.valid[u]] for u in users]
             q = Quality.from_lists("sasrec", users, targets, sasrec_rank(model, hist, seen, K, st.max_len), ks, d.n_items)

@@ -157,7 +157,7 @@ class _SafeRun:
         return getattr(self._run, name)
 
 
-def _child(ctx, name: str, tags: dict):
+def child_run(ctx, name: str, tags: dict):
     import contextlib
 
     from workbench import tracking
@@ -175,7 +175,7 @@ def _child(ctx, name: str, tags: dict):
     return wrapped()
 
 
-def _threads(cfg) -> None:
+def use_threads(cfg) -> None:
     if cfg.training.num_threads:
         import torch
 
@@ -185,7 +185,7 @@ def _threads(cfg) -> None:
 def train_stage(ctx) -> dict:
     """Train every (method, seed), picking the LR per method on validation; returns {(method, seed): result}."""
     cfg = ctx.cfg
-    _threads(cfg)
+    use_threads(cfg)
     inp = inputs_from_context(ctx)
     best: dict[tuple[str, int], Any] = {}
     grid_log: list[dict] = []
@@ -194,7 +194,7 @@ def train_stage(ctx) -> dict:
             cands = []
             for lr in cfg.training.lr_grid:
                 tags = {names.TAG_STAGE: "train", names.TAG_METHOD: method, names.TAG_SEED: seed, names.TAG_LR: lr}
-                with _child(ctx, f"train/{method}/seed{seed}/lr{lr:g}", tags) as run:
+                with child_run(ctx, f"train/{method}/seed{seed}/lr{lr:g}", tags) as run:
                     res, hit = train_one(cfg, inp, method, seed, lr, log_fn=run.log_metrics)
                     if hit:  # the curves of a cached model, logged again on this run
                         for row in res.history:
@@ -233,7 +233,7 @@ def test_users(cfg, inp: StudyInputs) -> np.ndarray:
     return np.sort(rng.choice(n, size=cfg.evaluation.test_users, replace=False))
 
 
-def _seen_test(inp: StudyInputs, users) -> list[np.ndarray]:
+def seen_items(inp: StudyInputs, users) -> list[np.ndarray]:
     d = inp.interactions
     return [np.r_[d.train[u], d.valid[u]].astype(np.int64) for u in users]
 
