@@ -63,3 +63,20 @@ def test_a_failed_compute_leaves_no_complete_entry(calls):
     with pytest.raises(RuntimeError):
         cached("k", "c", boom, _load)
     assert cached("k", "c", _compute(calls), _load)[2] is False  # recomputed, not a hit on the partial folder
+
+
+def test_a_resumable_entry_keeps_its_progress(calls):
+    """`resumable=True`: an interrupted compute's files stay for the next attempt to pick up (training's resume.pt)."""
+
+    def interrupted(folder):
+        (folder / "progress").write_text("epoch 3")
+        raise KeyboardInterrupt
+
+    def resume(folder):
+        calls.append((folder / "progress").read_text())
+        (folder / "x.txt").write_text("v")
+        return "v", {}
+
+    with pytest.raises(KeyboardInterrupt):
+        cached("k", "d", interrupted, _load, resumable=True)
+    assert cached("k", "d", resume, _load, resumable=True)[0] == "v" and calls == ["epoch 3"]

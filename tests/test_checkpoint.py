@@ -69,3 +69,21 @@ def test_clear_errors(ck_dir, tmp_path):
 def test_no_projector(tmp_path):
     ck = load_checkpoint(make_random_checkpoint(tmp_path / "plain", n_items=20, levels=(4,), soft_token=False))
     assert ck.projector is None and ck.meta.user_vector_dim is None and ck.meta.method == "none"
+
+
+def test_pickle_weights_are_refused(ck_dir, tmp_path):
+    """Weights as pytorch_model.bin only (pickle: loading can run code) are refused, never loaded,
+    with the reason and the conversion; the same weights as safetensors load as before."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    bin_dir = shutil.copytree(ck_dir, tmp_path / "bin")
+    torch.save(load_file(str(bin_dir / "model.safetensors")), bin_dir / "pytorch_model.bin")
+    (bin_dir / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"only pickle weights \(pytorch_model.bin\).*safetensors only") as e:
+        load_checkpoint(bin_dir)
+    assert "save_pretrained" in str(e.value)  # how to convert
+    (bin_dir / "pytorch_model.bin").unlink()
+    with pytest.raises(CheckpointError, match="model.safetensors is missing"):
+        load_checkpoint(bin_dir)

@@ -150,3 +150,27 @@ def test_cli_run_methods_override_is_validated(data_dir, mlflow_store, tmp_path,
     err = capsys.readouterr().err
     assert "methods.run" in err and "bogus" in err
     assert main(["run", str(f), "--methods", "soft_token"]) == 0
+
+
+class _Terminated(KeyboardInterrupt):
+    """Stands in for signals.Terminated: a KeyboardInterrupt subclass carrying its reason."""
+
+
+@pytest.mark.parametrize("exc,said,status", [
+    (RuntimeError("quantizer exploded\nmore detail"), "run FAILED (RuntimeError: quantizer exploded);", "FAILED"),
+    (KeyboardInterrupt(), "run KILLED (SIGINT);", "KILLED"),
+    (_Terminated("received SIGTERM"), "run KILLED (received SIGTERM);", "KILLED"),
+])  # fmt: skip
+def test_stopped_run_says_why(exc, said, status, data_dir, mlflow_store, monkeypatch, capsys):
+    """The closing line says what MLflow records: KILLED with the signal for an interrupt, else FAILED and the error."""
+    from workbench.study import pipeline
+
+    def stop(ctx):
+        raise exc
+
+    monkeypatch.setitem(pipeline.STAGES, "data", stop)
+    with pytest.raises(type(exc)):
+        pipeline.run_experiment(_cfg(name="stopped"))
+    assert said in capsys.readouterr().out
+    parent = next(r for r in _runs("stopped") if "mlflow.parentRunId" not in r.data.tags)
+    assert parent.info.status == status

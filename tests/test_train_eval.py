@@ -266,3 +266,50 @@ def test_sasrec_init_gives_unit_scale_inputs_and_logits():
         x = torch.from_numpy(_pad_left([list(range(1, 9)), [3, 4]], 10))
         logits = model.logits(model(x)[:, -1])
     assert float(logits.std()) < 2.0
+
+
+def test_training_resumes_after_an_interrupt_exactly(tmp_path, one_torch_thread):
+    """Interrupted after epoch 1 (a KeyboardInterrupt, as a SIGTERM becomes one), the same call resumes from
+    `resume.pt` and ends with the weights and history of the uninterrupted run: same ops in the same order on
+    one thread, so equality is exact."""
+    import torch
+
+    from workbench.config import ModelConfig
+    from workbench.model.backbone import build_backbone
+    from workbench.study.prompts import PromptBuilder, eval_examples
+    from workbench.study.train import RESUME_FILE, TrainSettings, train_model
+    from workbench.study.windows import WindowBuilder
+
+    data, codes, enc, texts = synthetic()
+    cfg = ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64,
+                      max_position_embeddings=128, bpe_vocab_size=300)
+    st = TrainSettings(epochs=3, batch_targets=64, lr=5e-3, patience=5, seed=0, progress=False, bf16=False)
+
+    def run(out, log_fn=None):
+        bb = build_backbone(cfg, texts, (4, 4, 3), 1, (4, 1), seed=0)
+        b = PromptBuilder("soft_token", bb.layout, bb.layout.item_codes_to_ids(codes), recent_k=3, long_m=5,
+                          max_prompt_tokens=120)
+        wb = WindowBuilder(b, max_tokens=120)
+        va = eval_examples(b, data, "valid", enc, users=np.arange(24))
+        res = train_model(bb, lambda rng: wb.epoch(data.train, enc, rng), va, codes, out, st, user_dim=N_CLUSTERS,
+                          log_fn=log_fn)
+        return res, bb.model
+
+    full, model_full = run(tmp_path / "full")
+    epochs_seen = []
+
+    def stop_in_epoch_2(metrics, step):
+        if names.TRAIN_EPOCH_LOSS in metrics:
+            epochs_seen.append(step)
+            if len(epochs_seen) == 2:  # epoch 2 trained, not yet saved: it is redone after the resume
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "cut", stop_in_epoch_2)
+    assert (tmp_path / "cut" / RESUME_FILE).exists()
+    resumed, model_resumed = run(tmp_path / "cut")
+    assert not (tmp_path / "cut" / RESUME_FILE).exists()  # removed once the checkpoint is saved
+    assert resumed.steps == full.steps and resumed.epochs_run == full.epochs_run == 3
+    assert [h.get("train_loss") for h in resumed.history] == [h.get("train_loss") for h in full.history]
+    for (name, a), b in zip(model_full.state_dict().items(), model_resumed.state_dict().values()):
+        assert torch.equal(a, b), name

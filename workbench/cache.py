@@ -51,7 +51,8 @@ def _empty(folder: Path) -> None:
 
 
 def cached(kind: str, key: str, compute: Callable[[Path], tuple[T, dict]],
-           load: Callable[[Path, dict], T], say: Callable[[str], Any] = print) -> tuple[T, dict, bool]:
+           load: Callable[[Path, dict], T], say: Callable[[str], Any] = print,
+           resumable: bool = False) -> tuple[T, dict, bool]:
     """`(value, info, hit)` for the entry `<kind>/<key>`: loaded when complete, else computed and stored."""
     folder = cache_dir(kind, key)
     info = read_done(folder)
@@ -64,7 +65,10 @@ def cached(kind: str, key: str, compute: Callable[[Path], tuple[T, dict]],
             say(f"  cache hit {kind}/{key}")
             return value, info, True
     if any(folder.iterdir()):
-        _empty(folder)  # a half-written or corrupt entry: start clean
+        if resumable:
+            say(f"  cache {kind}/{key}: incomplete entry kept for resuming")
+        else:
+            _empty(folder)  # a half-written or corrupt entry: start clean
     value, info = compute(folder)
     mark_done(folder, info)
     say(f"  cache stored {kind}/{key}")

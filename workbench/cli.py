@@ -2,6 +2,11 @@
 
 Each subcommand imports its module only when called, so `workbench validate` stays instant and
 never imports torch or an engine backend.
+
+A mistake the user can fix (a bad experiment file, flag, checkpoint folder or port: any
+`workbench.errors.UsageError`) prints what is wrong and how to fix it in a line or two and exits 2;
+`--debug` (before or after the subcommand) prints the traceback as well. Any other exception is a
+bug and keeps its traceback (exit 1).
 """
 
 from __future__ import annotations
@@ -10,8 +15,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from workbench.errors import UsageError
+
 
 def _cmd_validate(args) -> int:
+    """Check every file (a bad one does not hide the next one's problem); 2 if any failed."""
     from workbench.config import ConfigError, StudyConfig, load_config
 
     ok = True
@@ -25,17 +33,26 @@ def _cmd_validate(args) -> int:
             print(f"ok: {f} ({type(cfg).__name__} {cfg.name!r}: {what})")
         except ConfigError as e:
             ok = False
-            print(e, file=sys.stderr)
+            print(f"error: {e}", file=sys.stderr, flush=True)
     return 0 if ok else 2
 
 
 def _cmd_run(args) -> int:
     from workbench.config import load_study
-    from workbench.study.pipeline import run_experiment
+    from workbench.study.pipeline import resolve_stages, run_experiment
+
+    if args.stages:
+        resolve_stages(args.stages)  # a misspelt --stages fails before the config loads or MLflow starts
 
     # --methods narrows methods.run: trained models are cached per method (the key ignores the list), so two
     # processes can train disjoint methods side by side and a plain run afterwards reuses both
-    cfg = load_study(args.file, overrides={"methods": {"run": args.methods}} if args.methods else None)
+    # --seeds narrows training.seeds the same way (the train key ignores the seed list too)
+    overrides: dict = {}
+    if args.methods:
+        overrides["methods"] = {"run": args.methods}
+    if args.seeds:
+        overrides["training"] = {"seeds": args.seeds}
+    cfg = load_study(args.file, overrides=overrides or None)
     run_experiment(cfg, experiment_file=args.file, stages=args.stages)
     return 0
 
@@ -61,9 +78,11 @@ def _cmd_microbench(args) -> int:
 
 def _cmd_bench(args) -> int:
     from workbench.config import load_sweep
+
+    cfg = load_sweep(args.file)  # before the load generator's imports: a bad file fails at once
     from workbench.load.bench import run_bench
 
-    run_bench(load_sweep(args.file), experiment_file=args.file)
+    run_bench(cfg, experiment_file=args.file)
     return 0
 
 
@@ -94,24 +113,32 @@ def _cmd_engines(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="workbench", description="Serving study for generative recommenders.")
+    debug_help = "on a usage error (bad file, flag, checkpoint, port), print the full traceback too"
+    p.add_argument("--debug", action="store_true", help=debug_help)
+    # the same flag after the subcommand; SUPPRESS: a subcommand without it leaves the global value alone
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("validate", help="check experiment YAML files without running anything")
+    s = sub.add_parser("validate", parents=[common], help="check experiment YAML files without running anything")
     s.add_argument("files", nargs="+")
     s.set_defaults(func=_cmd_validate)
 
-    s = sub.add_parser("run", help="run a study file's stages (data, embeddings, SIDs, train, evaluate)")
+    s = sub.add_parser("run", parents=[common],
+                       help="run a study file's stages (data, embeddings, SIDs, train, evaluate)")
     s.add_argument("file")
     s.add_argument("--stages", nargs="*", default=None, help="run only these stages (default: the config's)")
     s.add_argument("--methods", nargs="+", default=None,
                    help="run only these methods (overrides methods.run; e.g. to train methods in parallel processes)")
+    s.add_argument("--seeds", nargs="+", type=int, default=None,
+                   help="run only these training seeds (overrides training.seeds; e.g. one seed per session or process)")
     s.set_defaults(func=_cmd_run)
 
-    s = sub.add_parser("serve", help="serve a checkpoint with an in-process engine over HTTP")
+    s = sub.add_parser("serve", parents=[common], help="serve a checkpoint with an in-process engine over HTTP")
     s.add_argument("--checkpoint", required=True)
     s.add_argument("--engine", default="torch", choices=["torch", "hf"])
     s.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
-    s.add_argument("--port", type=int, default=8100)
+    s.add_argument("--port", type=int, default=8100, help="TCP port, 1-65535 (checked before the model loads)")
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     s.set_defaults(func=_cmd_serve)
 
@@ -119,11 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("rest", nargs=argparse.REMAINDER)
     s.set_defaults(func=_cmd_microbench)
 
-    s = sub.add_parser("bench", help="run a load-sweep file (latency vs QPS, saturation, cost)")
+    s = sub.add_parser("bench", parents=[common], help="run a load-sweep file (latency vs QPS, saturation, cost)")
     s.add_argument("file")
     s.set_defaults(func=_cmd_bench)
 
-    s = sub.add_parser("report", help="write a standalone HTML report of MLflow experiment(s)")
+    s = sub.add_parser("report", parents=[common], help="write a standalone HTML report of MLflow experiment(s)")
     s.add_argument("--experiment", required=True,
                    help="a name, or several comma-separated (a load sweep and the study whose quality it joins)")
     s.add_argument("-o", "--output", required=True)
@@ -131,7 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only the most recent load sweep of each experiment (a re-run sweep otherwise shows twice)")
     s.set_defaults(func=_cmd_report)
 
-    s = sub.add_parser("engines", help="engine capability matrix, launch or validate an engine server")
+    s = sub.add_parser("engines", parents=[common],
+                       help="engine capability matrix, launch or validate an engine server")
     s.add_argument("action", choices=["list", "launch", "validate"])
     s.add_argument("name", nargs="?", default=None)
     s.add_argument("--checkpoint", default=None)
@@ -142,23 +170,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["microbench"]:  # forwards its own flags (argparse REMAINDER misses leading --flags)
+    head = argv[1:] if argv[:1] == ["--debug"] else argv
+    if head[:1] == ["microbench"]:  # forwards its own flags (argparse REMAINDER misses leading --flags)
         from workbench.perf.microbench import main as microbench_main
 
-        return microbench_main(argv[1:])
+        return microbench_main(head[1:])
     args = build_parser().parse_args(argv)
+    from workbench import signals
+
+    signals.install()  # SIGTERM/SIGHUP clean up like Ctrl-C (servers stopped, runs KILLED)
     try:
         return args.func(args)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except Exception as e:  # noqa: BLE001 - CLI boundary: one clear line, not a traceback wall
-        from workbench.config import ConfigError
+    except KeyboardInterrupt as e:
+        print(f"interrupted ({str(e) or 'SIGINT'}): child servers stopped, open runs marked KILLED", file=sys.stderr)
+        return signals.exit_status(e)
+    except UsageError as e:  # the user's mistake: what is wrong and how to fix it, not a traceback wall
+        if args.debug:
+            import traceback
 
-        if isinstance(e, ConfigError):
-            print(e, file=sys.stderr)
-            return 2
-        raise
+            traceback.print_exc()
+        else:
+            print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

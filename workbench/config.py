@@ -27,6 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from workbench import names
+from workbench.errors import UsageError
 
 DatasetName = Literal[names.DATASETS]
 MethodName = Literal[names.METHODS]
@@ -280,8 +281,25 @@ KINDS = {"study": StudyConfig, "sweep": SweepConfig}
 COMMAND = {"study": "workbench run", "sweep": "workbench bench"}
 
 
-class ConfigError(ValueError):
-    """A config that fails validation; the message lists every problem with its key path."""
+class ConfigError(UsageError, ValueError):
+    """A config that fails validation, or a file that is no experiment config; the message says where
+    (key path, or file:line:column) and how to fix it. The CLI prints it without a traceback."""
+
+
+def _yaml_problem(err) -> str:
+    """PyYAML's error as one line: `line L, column C: problem (context at line L')`. PyYAML's own text
+    quotes the source around each mark over several lines, which buries the line number."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None)
+    if mark is None or not problem:
+        return " ".join(str(err).split())  # ReaderError (e.g. a NUL byte) and the like: one line
+    where = f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    ctx, ctx_mark = getattr(err, "context", None), getattr(err, "context_mark", None)
+    if ctx and ctx_mark is not None and ctx_mark.line != mark.line:
+        where += f" ({ctx} at line {ctx_mark.line + 1})"
+    elif ctx:
+        where += f" ({ctx})"
+    return where
 
 
 def _format_errors(err: ValidationError, source: str) -> str:
@@ -329,13 +347,18 @@ def read_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
         raise ConfigError(f"experiment config `base:` chain loops: {chain}")
     if not path.is_file():
         what = "is a directory" if path.is_dir() else "does not exist"
-        raise ConfigError(f"experiment config {path} {what}" + (f" (the `base:` of {_seen[-1]})" if _seen else ""))
+        hint = "give a YAML file, e.g. experiments/quickstart.yaml"
+        raise ConfigError(f"experiment config {path} {what}" + (f" (the `base:` of {_seen[-1]})" if _seen else "")
+                          + f"; {hint}")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except UnicodeDecodeError as err:
-        raise ConfigError(f"experiment config {path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+        raise ConfigError(f"experiment config {path} is not UTF-8 text ({err.reason} at byte {err.start}); "
+                          "give a YAML text file saved as UTF-8") from None
+    except OSError as err:  # unreadable (permissions, a FIFO that fails, ...)
+        raise ConfigError(f"cannot read experiment config {path}: {err.strerror or err}") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"experiment config {path} is not valid YAML:\n{err}") from None
+        raise ConfigError(f"experiment config {path} is not valid YAML: {_yaml_problem(err)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"invalid experiment config {path}: top level must be a mapping, got {type(data).__name__}")
     base = data.pop("base", None)

@@ -10,7 +10,8 @@ A study is a parent run per experiment file with child runs per stage or variant
             log_metrics({...})
 
 Every run logs the full config, git commit, package versions and hardware. A run whose body
-raises is ended FAILED with the error text as a tag and artifact; what it logged before stays.
+raises is ended FAILED with the error text as a tag and artifact; what it logged before stays. An
+interrupt (Ctrl-C, or SIGTERM/SIGHUP through `signals.install`) ends it KILLED the same way.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterator
 
-from workbench import names
+from workbench import names, signals
 from workbench.paths import REPO_ROOT, mlruns_dir
 
 _VERSION_PACKAGES = (
@@ -166,33 +167,37 @@ def start_run(
     cpu = cpu_info()
     all_tags[names.TAG_CPU] = f"{cpu['cpu_model']} ({cpu['cpu_flags'] or 'no AVX-512'})"
     all_tags.update(tags or {})
-    run = client.create_run(exp_id, tags=all_tags, run_name=run_name)
-    rid = run.info.run_id
-    cfg_dict = None
-    if config is not None:
-        cfg_dict = config.model_dump(mode="json") if hasattr(config, "model_dump") else dict(config)
-        from workbench.config import section_hash
-
-        client.set_tag(rid, names.TAG_CONFIG_HASH, section_hash(cfg_dict))
-        params = {k: str(v)[:6000] for k, v in _flatten(cfg_dict).items()}
-        items = list(params.items())
-        from mlflow.entities import Param
-
-        for i in range(0, len(items), 100):
-            client.log_batch(rid, params=[Param(k, v) for k, v in items[i : i + 100]])
-    client.log_dict(rid, {"versions": package_versions(), "hardware": hardware()}, "environment.json")
-    if cfg_dict is not None:
-        client.log_dict(rid, cfg_dict, "config.json")
-    handle = _RunHandle(client, run)
+    rid = None
     try:
-        yield handle
-    except BaseException as e:  # KeyboardInterrupt too: mark it, keep what was logged
-        status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
-        with contextlib.suppress(Exception):
-            client.set_tag(rid, names.TAG_ERROR, f"{type(e).__name__}: {e}"[:5000])
-            client.log_text(rid, traceback.format_exc(), "error.txt")
-        with contextlib.suppress(Exception):
-            client.set_terminated(rid, status=status)
+        # no window between creating the run and protecting it: a signal arriving while the run is
+        # created is delivered once `rid` is known, inside this `try` (signals.py)
+        with signals.deferred():
+            run = client.create_run(exp_id, tags=all_tags, run_name=run_name)
+            rid = run.info.run_id
+        cfg_dict = None
+        if config is not None:
+            cfg_dict = config.model_dump(mode="json") if hasattr(config, "model_dump") else dict(config)
+            from workbench.config import section_hash
+
+            client.set_tag(rid, names.TAG_CONFIG_HASH, section_hash(cfg_dict))
+            params = {k: str(v)[:6000] for k, v in _flatten(cfg_dict).items()}
+            items = list(params.items())
+            from mlflow.entities import Param
+
+            for i in range(0, len(items), 100):
+                client.log_batch(rid, params=[Param(k, v) for k, v in items[i : i + 100]])
+        client.log_dict(rid, {"versions": package_versions(), "hardware": hardware()}, "environment.json")
+        if cfg_dict is not None:
+            client.log_dict(rid, cfg_dict, "config.json")
+        yield _RunHandle(client, run)
+    except BaseException as e:  # KeyboardInterrupt, SIGTERM/SIGHUP (signals.Terminated) too: mark it, keep what was logged
+        if rid is not None:
+            status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
+            with contextlib.suppress(Exception):
+                client.set_tag(rid, names.TAG_ERROR, f"{type(e).__name__}: {e}"[:5000])
+                client.log_text(rid, traceback.format_exc(), "error.txt")
+            with contextlib.suppress(Exception):
+                client.set_terminated(rid, status=status)
         raise
     else:
         client.set_terminated(rid, status="FINISHED")

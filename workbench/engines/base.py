@@ -187,6 +187,20 @@ class Limits:
     max_candidate_tokens: int = 64
     user_vector_dim: int | None = None  # None: the checkpoint has no projector
     placeholder_id: int | None = None
+    # Largest |value| a user vector may hold: `dtype_max` of the dtypes it passes through (None: unchecked).
+    # Necessary, not sufficient: the projector's output can still overflow, so engines check it too.
+    max_abs_user_value: float | None = None
+    dtype: str | None = None  # the engine's compute dtype, named in messages
+
+
+def dtype_max(*dtypes: str) -> float:
+    """The largest finite value every one of `dtypes` (torch names: "float32", "bfloat16") can hold.
+
+    From `torch.finfo`, imported here and not at module level: base.py stays importable without torch.
+    """
+    import torch
+
+    return min(float(torch.finfo(getattr(torch, d)).max) for d in dtypes)
 
 
 @runtime_checkable
@@ -226,6 +240,13 @@ def validate_prompt(p: Prompt, lim: Limits, extra_tokens: int = 0) -> None:
             )
         if not all(math.isfinite(x) for x in p.user_vector):
             raise RequestError("user vector contains NaN or inf; fold the user in again or drop the request")
+        peak = max((abs(x) for x in p.user_vector), default=0.0)
+        if lim.max_abs_user_value is not None and peak > lim.max_abs_user_value:
+            raise RequestError(
+                f"user vector values reach {peak:.3g}, beyond what the engine's dtype ({lim.dtype}) can hold "
+                f"(|value| <= {lim.max_abs_user_value:.3g}); a user embedding is never this large: "
+                "normalize the vector (e.g. to unit L2 norm) or fold the user in again"
+            )
         if n_ph != 1:
             raise RequestError(f"a soft-token prompt needs exactly one <|user|> placeholder, found {n_ph}")
         if p.placeholder_pos is None or not 0 <= p.placeholder_pos < len(p.token_ids):
@@ -235,6 +256,11 @@ def validate_prompt(p: Prompt, lim: Limits, extra_tokens: int = 0) -> None:
                 f"placeholder_pos {p.placeholder_pos} holds token {p.token_ids[p.placeholder_pos]}, "
                 f"not the <|user|> placeholder {lim.placeholder_id}"
             )
+    elif p.placeholder_pos is not None:
+        raise RequestError(
+            f"placeholder_pos {p.placeholder_pos} is given without a user_vector; send both (a soft-token prompt) "
+            "or neither"
+        )
     elif n_ph:
         raise RequestError("prompt contains the <|user|> placeholder but no user vector; pass user_vector")
 
@@ -257,13 +283,20 @@ def validate_score_request(r: ScoreRequest, lim: Limits) -> None:
     if r.mode == "label" and not r.label_token_ids:
         raise RequestError("mode 'label' needs label_token_ids (e.g. the ids of 'yes' and 'no')")
     longest = 0
-    for c in r.candidates:
+    for i, c in enumerate(r.candidates):
         if not c:
             raise RequestError("empty candidate: every candidate needs at least one token")
         if len(c) > lim.max_candidate_tokens:
             raise RequestError(f"candidate of {len(c)} tokens exceeds the limit of {lim.max_candidate_tokens}")
         if any(not 0 <= t < lim.vocab_size for t in c):
             raise RequestError(f"candidate token ids outside the vocabulary [0, {lim.vocab_size})")
+        # the soft token belongs to the prompt (its one position gets the projected vector); in a candidate
+        # it would be scored as a plain embedding row, a meaningless score
+        if lim.placeholder_id is not None and lim.placeholder_id in c:
+            raise RequestError(
+                f"candidate {i} contains the <|user|> placeholder token {lim.placeholder_id}; candidates are item "
+                "tokens: put the placeholder in the query and send the user_vector with it"
+            )
         longest = max(longest, len(c))
     if any(not 0 <= t < lim.vocab_size for t in r.label_token_ids):
         raise RequestError(f"label token ids outside the vocabulary [0, {lim.vocab_size})")

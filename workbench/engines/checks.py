@@ -18,3 +18,21 @@ def validate_constraint(r: BeamSearchRequest, catalog) -> None:
             raise RequestError(f"banned_items outside the catalog [0, {catalog.n_items}): {bad[:5]}")
     elif r.banned_items:
         raise RequestError("banned_items only apply to constrained beam search; set constrained=True")
+
+
+def validate_projected(row, user_vector, dtype: str) -> None:
+    """The projected user vector (`row`, a tensor in the model's dtype) must be finite.
+
+    A vector within the dtype's range (`Limits.max_abs_user_value`) can still overflow in the projector's
+    matmul (3e38 in float32 does) or in the cast to bfloat16; an inf/NaN row would turn every log-prob of
+    the request into NaN. Checked per request, so only the request that sent the vector fails.
+    """
+    if not bool(row.isfinite().all()):
+        import torch
+
+        peak = max(abs(x) for x in user_vector)
+        raise RequestError(
+            f"the projected user vector overflows the engine's dtype ({dtype}, |value| <= "
+            f"{torch.finfo(row.dtype).max:.3g}): user vector values up to {peak:.3g} are far beyond the scale the "
+            "projector was trained on; normalize the vector (e.g. to unit L2 norm) or fold the user in again"
+        )

@@ -33,10 +33,11 @@ from workbench.engines.base import (
     ScoreResult,
     Support,
     Timings,
+    dtype_max,
     validate_beam_request,
     validate_score_request,
 )
-from workbench.engines.checks import validate_constraint
+from workbench.engines.checks import validate_constraint, validate_projected
 
 
 class HFEngine:
@@ -66,6 +67,8 @@ class HFEngine:
             max_candidate_tokens=max_candidate_tokens,
             user_vector_dim=ck.meta.user_vector_dim if self.projector is not None else None,
             placeholder_id=ck.meta.layout.placeholder_id,
+            max_abs_user_value=dtype_max("float32", dtype),  # projector in float32, model in `dtype`
+            dtype=dtype,
         )
         self._lock = threading.Lock()
 
@@ -135,7 +138,9 @@ class HFEngine:
 
             vec = torch.as_tensor(prompt.user_vector, dtype=torch.float32)[None]
             x = x.clone()
-            x[0, prompt.placeholder_pos] = project(self.projector, vec, dtype=x.dtype)[0]
+            row = project(self.projector, vec, dtype=x.dtype)[0]
+            validate_projected(row, prompt.user_vector, str(x.dtype).removeprefix("torch."))
+            x[0, prompt.placeholder_pos] = row
         return x
 
     def beam_search_one(self, r: BeamSearchRequest) -> list[Beam]:

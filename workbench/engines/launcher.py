@@ -407,12 +407,13 @@ def launch(spec: ServerSpec, log_path: Path | str | None = None, quiet: bool = T
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **spec.env}
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(list(spec.argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True, cwd=str(REPO_ROOT))
-    _LIVE[proc.pid] = proc
-    server = RunningServer(spec, proc, log_path)
-    try:
+    proc = None
+    try:  # from the moment the process exists, an interrupt (Ctrl-C, SIGTERM, SIGHUP: signals.py) stops it
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(list(spec.argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env, start_new_session=True, cwd=str(REPO_ROOT))
+        _LIVE[proc.pid] = proc
+        server = RunningServer(spec, proc, log_path)
         if not quiet:
             print(f"[launcher] {spec.engine} pid {proc.pid} on {spec.url}; log {log_path}", file=sys.stderr)
         server.started_s = wait_healthy(spec.url, proc, spec.startup_timeout_s, log_path, spec.health_path)
@@ -420,7 +421,8 @@ def launch(spec: ServerSpec, log_path: Path | str | None = None, quiet: bool = T
             print(f"[launcher] {spec.engine} healthy after {server.started_s:.1f} s", file=sys.stderr)
         yield server
     finally:
-        server.stop()
+        if proc is not None:
+            _stop(proc)
 
 
 # ---- CLI entry points (workbench engines launch|validate) --------------------------------------------

@@ -18,7 +18,8 @@ per-request state around them):
 - Multi-item scoring: candidates are streams against the shared prompt KV, each attending only to
   the prompt and itself, positions restarting right after the prompt.
 - Soft token: the checkpoint's projector maps the user vector to an embedding row that replaces
-  the `<|user|>` placeholder's embedding before the first forward.
+  the `<|user|>` placeholder's embedding before the first forward. A row that is not finite in the
+  model's dtype (an absurdly scaled vector) fails its request alone, before the forward.
 
 Every request is validated first; a bad request gets `success=False` and a message, never an
 exception that would abort its batch.
@@ -46,10 +47,11 @@ from workbench.engines.base import (
     ScoreResult,
     Support,
     Timings,
+    dtype_max,
     validate_beam_request,
     validate_score_request,
 )
-from workbench.engines.checks import validate_constraint
+from workbench.engines.checks import validate_constraint, validate_projected
 from workbench.engines.torch_search import (
     KVLayout,
     banned_counts_by_depth,
@@ -159,6 +161,9 @@ class TorchEngine:
             max_candidate_tokens=max_candidate_tokens,
             user_vector_dim=ck.meta.user_vector_dim if self.projector is not None else None,
             placeholder_id=layout.placeholder_id,
+            # the vector enters the projector in float32 (load_projector), its output the model in `dtype`
+            max_abs_user_value=dtype_max("float32", dtype),
+            dtype=dtype,
         )
         self.stats = EngineStats()
         self._queue: queue.Queue = queue.Queue()
@@ -340,9 +345,13 @@ class TorchEngine:
         from workbench.engines.torch_model import PrefillSegment
 
         lm = self.lm
+        embeds = self._admit_prompts(pre)
+        pre = [j for j in pre if j in embeds]
+        if not (pre or dec or sc):
+            return
         xs, segments = [], []
         if pre:
-            xs.append(torch.cat([self._prompt_embeds(j) for j in pre]))
+            xs.append(torch.cat([embeds[j] for j in pre]))
             segments.append(PrefillSegment([j.prompt_len for j in pre]))
         dec_seg = sc_seg = None
         if dec:
@@ -384,7 +393,22 @@ class TorchEngine:
             self.stats.score_rows += n
             off += n
 
+    def _admit_prompts(self, pre: list[_Job]) -> dict:
+        """{job: prompt embeddings} for the jobs of `pre` whose prompt can run; a job whose projected user
+        vector overflows the dtype fails here, alone, before its inf/NaN row enters a forward shared with
+        other requests."""
+        out = {}
+        for j in pre:
+            try:
+                out[j] = self._prompt_embeds(j)
+            except RequestError as e:
+                j.done = True
+                self._fail(j, str(e))
+        return out
+
     def _prompt_embeds(self, j: _Job):
+        """[L, hidden] embeddings of j's prompt, the projected user vector at the placeholder (RequestError
+        when the projection is not finite in the model's dtype)."""
         torch = _import_torch()
         p = j.req.prompt
         x = self.lm.embed_ids(torch.as_tensor(p.token_ids, dtype=torch.long))
@@ -394,6 +418,7 @@ class TorchEngine:
             vec = torch.as_tensor(p.user_vector, dtype=torch.float32, device=self.device)[None]
             with torch.inference_mode():
                 row = project(self.projector, vec, dtype=x.dtype)[0]
+            validate_projected(row, p.user_vector, self.dtype)
             x = x.clone()
             x[p.placeholder_pos] = row
         return x
@@ -441,7 +466,11 @@ class TorchEngine:
         sel = select_beams(j.tokens, cum, logp, req.beam_width, allowed)
         if sel is None:
             j.done = True
-            self._fail(j, "no valid continuation: every SID is banned or the constraint allows no token")
+            if bool(logp.isnan().any()):  # not the constraint: say so (a NaN row is no "banned SID")
+                self._fail(j, "no finite continuation: the model's log-probs for this request are NaN (the input "
+                              "drives it beyond what its dtype can hold; check the user vector's scale)")
+            else:
+                self._fail(j, "no valid continuation: every SID is banned or the constraint allows no token")
             return
         j.tokens, j.cum, j.parents = sel.tokens, sel.cum, sel.parents
         if j.tokens.shape[1] >= req.max_new_tokens:

@@ -19,8 +19,11 @@ cost of each engine is against the reference engine on the same checkpoint; with
 (personalization sweeps) each checkpoint's cost is also compared with that method's checkpoint on the
 same engine, which is then measured first.
 
-A child that fails (engine not installed, server did not start) is logged as a FAILED run with its
-reason and the sweep goes on; the last line printed is one JSON document with the results.
+A child that fails (engine not installed, server did not start, engine gone mid-sweep: a rate point
+where every request failed without a timeout) is logged as a FAILED run with its reason and the
+points it had, and the sweep goes on; the last line printed is one JSON document with the results.
+Server logs are kept as artifacts of the parent run and the temporary folder is removed, on success,
+failure and interrupt alike.
 """
 
 from __future__ import annotations
@@ -38,13 +41,18 @@ from workbench.config import ConfigError, EngineEntry, LoadConfig, SweepConfig, 
 from workbench.load.cost import relative_cost, usd_per_million
 from workbench.load.sources import StudySource, resolve_checkpoint
 from workbench.sync import run_sync
-from workbench.load.loadgen import SweepSettings, measure_unloaded, records_table, run_sweep, warm_up
+from workbench.load.loadgen import TIMEOUT_ERROR, SweepSettings, measure_unloaded, records_table, run_sweep, warm_up
 from workbench.load.metrics import (
     SLO_MS, UNLOADED_P50, UNLOADED_P99, PointMetrics, default_slo_ms, percentile, points_table, saturation_qps,
     summarize_point,
 )  # fmt: skip
 
 INPROCESS_ENGINES = ("torch", "hf")  # engines `workbench serve` can front
+
+
+class EngineDown(RuntimeError):
+    """Every request of a rate point failed and none ran out of time: the engine is gone or refuses
+    everything, so no later rate can tell anything; the child ends FAILED with the points it had."""
 
 
 @dataclass
@@ -251,6 +259,10 @@ async def _measure(engine, workload, settings: SweepSettings, slo: _SLO, child: 
         print(f"[bench] {child.series}: offered {m.offered_qps:7.3f} achieved {m.achieved_qps:7.3f} req/s  "
               f"p50 {m.e2e_p50_ms:8.1f}  p99 {m.e2e_p99_ms:8.1f} ms  failures {m.failures}  ({held} SLO "
               f"{slo_ms:.0f} ms; client loop CPU {m.loop_cpu_share:.0%})", file=sys.stderr)  # fmt: skip
+        errors = [r.error or "" for r in point.records if not r.success]
+        if m.requests and len(errors) == m.requests and not any(e.startswith(TIMEOUT_ERROR) for e in errors):
+            raise EngineDown(f"every request at {m.offered_qps:g} req/s failed (engine down or refusing all): "
+                             f"{sorted(set(errors))[:3]}")
 
     # first adaptive rate: a fraction of the serial capacity 1/p50
     first_rate = settings.start_load * 1e3 / child.unloaded_p50_ms
@@ -308,8 +320,14 @@ def _child(parent, cfg: SweepConfig, entry: EngineEntry, checkpoint: Path, slo: 
                           "cost": cfg.cost.model_dump(mode="json"), "checkpoint": str(checkpoint)})  # fmt: skip
             if hasattr(workload, "prompt_tokens_mean"):  # real prompts: their measured length
                 h.log_metrics({names.PROMPT_TOKENS_MEAN: workload.prompt_tokens_mean})
-            records = run_sync(_run_engine(entry, checkpoint, workload, settings, slo, child, h, load, log_dir,
-                                            engine_factory))
+            try:
+                records = run_sync(_run_engine(entry, checkpoint, workload, settings, slo, child, h, load, log_dir,
+                                                engine_factory))
+            except BaseException:  # failed or interrupted: the run keeps the points it had (its metrics are logged)
+                if child.points:
+                    with contextlib.suppress(Exception):
+                        h.log_table(points_table(child.points), "points.csv")
+                raise
             h.log_table(records_table(records), "records.csv")
             h.log_table(points_table(child.points), "points.csv")
             child.saturation_qps = saturation_qps(child.points, slo.ms)
@@ -365,6 +383,25 @@ def _ordered_checkpoints(cfg: SweepConfig, checkpoints: list[Path]) -> list[Path
     return [c for _, c in sorted(zip(methods, checkpoints), key=lambda mc: mc[0] != ref)]
 
 
+@contextlib.contextmanager
+def _server_logs(parent) -> Iterator[Path]:
+    """A temporary folder for the servers' logs; on the way out (success, failure, interrupt) the logs
+    become artifacts of `parent` (`server_logs/`) and the folder is removed."""
+    import shutil
+    import tempfile
+
+    log_dir = Path(tempfile.mkdtemp(prefix="workbench-bench-"))
+    try:
+        yield log_dir
+    finally:
+        try:
+            for f in sorted(log_dir.glob("*.log")):
+                with contextlib.suppress(Exception):
+                    parent.log_artifact(f, "server_logs")
+        finally:
+            shutil.rmtree(log_dir, ignore_errors=True)
+
+
 def run_bench(cfg: SweepConfig, experiment_file: str | Path | None = None, *, engine_factory=None,
               progress: bool | None = None) -> BenchResult:
     """Run the sweep of `cfg.load` for every checkpoint x engine; log it all; return the results.
@@ -373,8 +410,6 @@ def run_bench(cfg: SweepConfig, experiment_file: str | Path | None = None, *, en
     `progress` reports each rate point (workbench.progress: a bar on a terminal, lines elsewhere;
     default: when stderr is a terminal).
     """
-    import tempfile
-
     from workbench.load.plots import cost_bars, latency_vs_qps, throughput_vs_offered
     from workbench.tracking import start_run, ui_hint
 
@@ -389,10 +424,9 @@ def run_bench(cfg: SweepConfig, experiment_file: str | Path | None = None, *, en
     reference_cost: dict[str, float] = {}
     method_cost: dict[str, float] = {}  # per engine series: the reference method's $ per 1M
     children: list[ChildResult] = []
-    log_dir = Path(tempfile.mkdtemp(prefix="workbench-bench-"))
     ptags = {names.TAG_STAGE: names.STAGE_LOAD_SWEEP, names.TAG_WORKLOAD: load.workload, names.TAG_DATASET: _dataset(study)}
     with start_run(f"{cfg.name}/{load.workload}", experiment=experiment, config=cfg, experiment_file=experiment_file,
-                   tags=ptags) as parent:  # fmt: skip
+                   tags=ptags) as parent, _server_logs(parent) as log_dir:  # fmt: skip
         for ckpt in checkpoints:
             for entry in _ordered_engines(cfg):
                 children.append(_child(parent, cfg, entry, ckpt, slo, settings, reference_cost, log_dir,
@@ -410,8 +444,6 @@ def run_bench(cfg: SweepConfig, experiment_file: str | Path | None = None, *, en
             parent.log_figure(throughput_vs_offered(pts), "throughput_vs_offered.html")
             parent.log_figure(cost_bars(summary), "cost_per_1m.html")
         parent.log_dict(result.to_json(), "bench_result.json")
-        for f in log_dir.glob("*.log"):
-            parent.log_artifact(f, "server_logs")
     _print_summary(result, cfg)
     print(ui_hint(result.parent_run_id), file=sys.stderr)
     print(json.dumps(result.to_json()))

@@ -48,6 +48,8 @@ class RequestSource(Protocol):
     def request(self, index: int) -> Request: ...
 
 
+TIMEOUT_ERROR = "timeout:"  # how a record that ran out of time begins its error (bench tells it from a dead engine)
+
 @dataclass(frozen=True)
 class RequestRecord:
     """One request as the client saw it. Times are seconds relative to the start of its phase/point."""
@@ -183,7 +185,7 @@ async def send_one(engine, req: Request, *, t0: float, scheduled: float, phase: 
             # engine-side prefill time, placed on the client's clock (clamped into [sent, done])
             first = min(max(sent + (tm.first_token - tm.submitted), sent), done)
     except asyncio.TimeoutError:
-        done, success, error = time.perf_counter(), False, f"timeout: no result within {timeout_s:g} s"
+        done, success, error = time.perf_counter(), False, f"{TIMEOUT_ERROR} no result within {timeout_s:g} s"
     except Exception as e:  # noqa: BLE001 - a failing request is a record, never a crashed sweep
         done, success, error = time.perf_counter(), False, f"{type(e).__name__}: {e}"[:500]
     return RequestRecord(

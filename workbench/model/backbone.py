@@ -312,7 +312,7 @@ def build_backbone(
         pretrained = False
     else:
         path = smollm2_dir() if cfg.backbone == "smollm2-135m" else _hf_path(cfg.backbone)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, use_safetensors=True)  # never unpickle
         extend_embeddings(model, layout, seed=seed)
         pretrained = True
     if getattr(model, "generation_config", None) is not None:

@@ -9,6 +9,10 @@ Engines load only this directory (training writes it, `load_checkpoint` reads it
 is self-describing: the token layout says which ids are SID tokens and which is the `<|user|>`
 placeholder, the catalog gives the prefix trie of valid SIDs, and `sid_version` ties the codes to
 the semantic-id config that produced them.
+
+Weights load from safetensors only (`model.safetensors`, or its sharded index): pickle-based formats
+(`pytorch_model.bin`, `.pt`, `.pth`) can run arbitrary code when loaded, so a checkpoint holding
+only those is refused with the one-line conversion, never loaded (`require_safetensors`).
 """
 
 from __future__ import annotations
@@ -20,18 +24,21 @@ from typing import Any
 
 import numpy as np
 
+from workbench.errors import UsageError
 from workbench.names import METHODS
 from workbench.sids.layout import Catalog, SidLayout
 
 META_FILE = "workbench.json"
 CATALOG_FILE = "catalog.npz"
 PROJECTOR_FILE = "projector.safetensors"
+SAFE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")  # what from_pretrained loads, one or sharded
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")  # torch.load/pickle formats: loading can run code
 FORMAT_VERSION = 1
 
 _DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UsageError, ValueError):
     """A checkpoint directory that is missing files or is inconsistent; the message says what."""
 
 
@@ -127,10 +134,46 @@ def save_checkpoint(path, model, tokenizer, meta: CheckpointMeta, item_codes: np
 
 def read_meta(path) -> CheckpointMeta:
     """Read only `workbench.json` (cheap; no torch)."""
+    _require_dir(path)
     f = Path(path) / META_FILE
     if not f.exists():
-        raise CheckpointError(f"{path} is not a workbench checkpoint: {META_FILE} is missing (write it with save_checkpoint)")
-    return CheckpointMeta.from_dict(json.loads(f.read_text()))
+        raise CheckpointError(f"{path} is not a workbench checkpoint: {META_FILE} is missing; give the folder training "
+                              "writes (data/cache/train/<key>/checkpoint) or one written with save_checkpoint")
+    try:
+        return CheckpointMeta.from_dict(json.loads(f.read_text()))
+    except (ValueError, TypeError, KeyError) as e:  # hand-edited or truncated: say which file, not a traceback
+        raise CheckpointError(f"{f} is not a valid checkpoint description ({type(e).__name__}: {e}); "
+                              "rewrite it with save_checkpoint or restore it from the training cache") from e
+
+
+def _require_dir(path) -> None:
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint directory {path} does not exist")
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} is a file; give its folder (with {META_FILE} and model.safetensors)")
+
+
+def require_safetensors(path) -> None:
+    """Refuse a checkpoint whose model weights are not safetensors (cheap: looks at file names only).
+
+    Hugging Face's loader falls back to `pytorch_model.bin` when `model.safetensors` is missing, and
+    unpickling runs whatever code the file carries; the workbench never does. The message names the
+    pickle files found and the one-time conversion (to run only on a file whose source one trusts).
+    """
+    path = Path(path)
+    if any((path / name).is_file() for name in SAFE_WEIGHTS):
+        return
+    pickles = sorted(f.name for f in path.iterdir() if f.suffix in PICKLE_SUFFIXES) if path.is_dir() else []
+    if not pickles:
+        raise CheckpointError(f"checkpoint {path} has no model weights: model.safetensors is missing; "
+                              "copy the whole folder training wrote")
+    convert = (f"python -c \"from transformers import AutoModelForCausalLM as M; "
+               f"M.from_pretrained('{path}', use_safetensors=False).save_pretrained('{path}')\"")
+    raise CheckpointError(
+        f"checkpoint {path} has only pickle weights ({', '.join(pickles)}); the workbench loads safetensors only, "
+        f"as loading a pickle can run code.\n  if you trust its source, convert it once: {convert}"
+    )
 
 
 def _torch_dtype(dtype: str):
@@ -159,12 +202,13 @@ def load_projector(path, device: str = "cpu"):
 def load_checkpoint(path, dtype: str = "float32", device: str = "cpu") -> LoadedCheckpoint:
     """Load model (eval mode, `dtype`, `device`), tokenizer, meta, catalog and projector."""
     path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"checkpoint directory {path} does not exist")
     meta = read_meta(path)
+    require_safetensors(path)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=_torch_dtype(dtype)).to(device).eval()
+    # use_safetensors: never the .bin fallback, even if a file appears between the check and the load
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=_torch_dtype(dtype), use_safetensors=True)
+    model = model.to(device).eval()
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError):

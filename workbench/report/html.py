@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from workbench import names
+from workbench.errors import UsageError
 from workbench.load.metrics import METRIC_NAMES
 
 JOIN_TAGS: tuple[str, ...] = (names.TAG_CHECKPOINT, names.TAG_ENGINE, names.TAG_MODE, names.TAG_DTYPE)
@@ -33,6 +34,10 @@ COMPARE_TAGS: tuple[str, ...] = JOIN_TAGS + (names.TAG_WORKLOAD,)
 def default_quality_metric() -> str:
     """The quality column of the Pareto plots: Recall@10 as logged in MLflow."""
     return names.metric_name(names.recall_at(10))
+
+
+class ReportError(UsageError, ValueError):
+    """A report that cannot be written as asked (unknown experiment, output path); the message says how to fix it."""
 
 
 class IncomparableRuns(ValueError):
@@ -120,7 +125,8 @@ def collect_study(experiment: str | Sequence[str], quality_metric: str | None = 
         exp = client.get_experiment_by_name(name)
         if exp is None:
             known = sorted(e.name for e in client.search_experiments())
-            raise ValueError(f"no MLflow experiment {name!r} in {uri}; experiments there: {known}")
+            raise ReportError(f"no MLflow experiment {name!r} in {uri}; experiments there: {known} "
+                              "(MLFLOW_TRACKING_URI selects the store)")
         exp_ids.append(exp.experiment_id)
     runs = client.search_runs(exp_ids, max_results=10000)
     keep = _latest_sweeps(runs) if latest else None
@@ -349,8 +355,16 @@ def write_report(experiment_name: str | Sequence[str], out_path: str | Path, qua
     quality_metric = quality_metric or default_quality_metric()
     if isinstance(experiment_name, str):
         experiment_name = [n.strip() for n in experiment_name.split(",") if n.strip()]
-    study = collect_study(experiment_name, quality_metric, latest=latest)
     out = Path(out_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_html(study, quality_metric), encoding="utf-8")
+    if out.is_dir():  # checked first: reading the runs can take a while
+        raise ReportError(f"report output {out} is a directory; give a file path, e.g. {out / 'report.html'}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ReportError(f"cannot write the report to {out}: {e.strerror or e} ({e.filename or out.parent})") from None
+    study = collect_study(experiment_name, quality_metric, latest=latest)
+    try:
+        out.write_text(render_html(study, quality_metric), encoding="utf-8")
+    except OSError as e:
+        raise ReportError(f"cannot write the report to {out}: {e.strerror or e}") from None
     return out

@@ -31,7 +31,7 @@ from typing import Any, Callable
 import numpy as np
 
 from workbench import names
-from workbench.config import StudyConfig, section_hash
+from workbench.config import ConfigError, StudyConfig, section_hash
 from workbench.cache import cached
 from workbench.study.context import NullRun, StageContext
 
@@ -320,7 +320,7 @@ def resolve_stages(requested) -> list[str]:
     requested = list(requested)
     unknown = [s for s in requested if s not in STAGES]
     if unknown:
-        raise ValueError(f"unknown stage(s) {unknown}; valid stages: {list(STAGE_ORDER)}")
+        raise ConfigError(f"unknown stage(s) {', '.join(map(str, unknown))}; valid stages: {', '.join(STAGE_ORDER)}")
     need: set[str] = set()
 
     def add(s: str) -> None:
@@ -369,8 +369,13 @@ def run_experiment(cfg: StudyConfig, experiment_file: str | Path | None = None, 
                     ctx.run = run
                     _run_stage(ctx, name, i, len(order))
                 parent.log_metrics({f"time/stage_{name}_s": ctx.timings[name]})
-        except BaseException:
-            _say(f"run FAILED; what finished is kept.\n{tracking.ui_hint(parent.run_id)}")
+        except BaseException as e:
+            if isinstance(e, KeyboardInterrupt):  # Ctrl-C, or SIGTERM/SIGHUP (signals.Terminated): MLflow says KILLED
+                status = f"KILLED ({str(e) or 'SIGINT'})"
+            else:  # the first line: the exception itself follows with its traceback
+                first = str(e).splitlines()[0] if str(e) else ""
+                status = f"FAILED ({type(e).__name__}{': ' + first if first else ''})"
+            _say(f"run {status}; what finished is kept.\n{tracking.ui_hint(parent.run_id)}")
             raise
         finally:
             ctx.run = None

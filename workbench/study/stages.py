@@ -7,7 +7,8 @@ seed, lr). `compare.evaluate_stage` then evaluates the picked models and the bas
 per-model pieces defined here (`evaluate_method`, `sasrec`, `method_test_prompts`).
 
 Caching (resume after an interruption; `workbench.cache.cached`): every trained model lives in
-`data/cache/train/<key>/` (checkpoint; its TrainResult in done.json, written last), every evaluation in
+`data/cache/train/<key>/` (checkpoint; its TrainResult in done.json, written last; while it trains,
+`resume.pt` holds the state after the last finished epoch, so a stopped run resumes there), every evaluation in
 `data/cache/eval/<key>/`, SASRec in `data/cache/sasrec/<key>/`. Keys hash the config sections a
 step reads plus the upstream stage keys, so a changed knob recomputes exactly what depends on it.
 """
@@ -76,7 +77,7 @@ def _say(msg: str) -> None:
 
 def _train_key(cfg, inp: StudyInputs, method: str, lr: float, seed: int) -> str:
     tr = cfg.training.model_dump(mode="json")
-    for k in ("seeds", "lr_grid"):
+    for k in ("seeds", "lr_grid", "num_threads"):  # threads change results only through rounding
         tr.pop(k)
     meth = {"recent_k": cfg.methods.recent_k, "long_m": cfg.methods.long_m}
     return section_hash("train", CACHE_FORMAT, cfg.model, tr, meth, method, float(lr), int(seed), inp.upstream_key)
@@ -119,7 +120,8 @@ def train_one(cfg, inp: StudyInputs, method: str, seed: int, lr: float, log_fn=N
         res = _train(cfg, inp, method, seed, lr, folder, log_fn)
         return res, res.to_dict()
 
-    res, _, hit = cached("train", _train_key(cfg, inp, method, lr, seed), compute, load, _say)
+    # resumable: training saves its state after every epoch in the entry; an interrupted run goes on from there
+    res, _, hit = cached("train", _train_key(cfg, inp, method, lr, seed), compute, load, _say, resumable=True)
     return res, hit
 
 

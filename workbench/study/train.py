@@ -19,6 +19,10 @@ over all steps; bfloat16 autocast where the CPU has bf16 instructions and a meas
 the torch engine* (the same path as the final evaluation); the epoch with the best validation
 NDCG@10 is kept, training stops after `patience` epochs without improvement. Logged per epoch:
 loss, validation NDCG@10 / Recall@10, training FLOPs so far (`flops.py`), tokens/s.
+
+After every epoch the whole training state (weights, optimizer, schedule, both RNGs, the best epoch
+so far, counters) is saved to `out_dir/resume.pt`; a run stopped by a signal or the end of a session
+resumes after its last finished epoch and continues exactly as the uninterrupted run would have.
 """
 
 from __future__ import annotations
@@ -220,7 +224,12 @@ def train_model(backbone, windows: Callable[[np.random.Generator], object], vali
     total = len(batches) * st.epochs if st.max_steps is None else min(st.max_steps, len(batches) * st.epochs)
     warmup = int(st.warmup_ratio * total)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, warmup))
-    use_bf16, bf16_info = choose_bf16(st.bf16, step_fn, ws, batches[0])
+    resume_file = out_dir / RESUME_FILE
+    saved = _load_resume(resume_file)
+    if saved is not None:
+        use_bf16, bf16_info = saved["use_bf16"], saved["bf16_info"]
+    else:
+        use_bf16, bf16_info = choose_bf16(st.bf16, step_fn, ws, batches[0])
     peak = matmul_gflops("bfloat16" if use_bf16 else "float32", seconds=0.5) * 1e9
     meta = make_meta(method, layout, sid_version, backbone.name, _template(method), user_dim,
                      {"lr": st.lr, "trainable": st.trainable, "pretrained": backbone.pretrained, "bf16": use_bf16})
@@ -228,8 +237,23 @@ def train_model(backbone, windows: Callable[[np.random.Generator], object], vali
     params = [p for g in groups for p in g["params"]]
     best = (-1.0, -1.0, None, None, -1)  # ndcg, recall, model state, projector state, epoch
     history, step, tokens, flops, bad, train_s = [], 0, 0, 0.0, 0, 0.0
-    t0 = time.perf_counter()
-    for epoch in range(st.epochs):
+    first_epoch, stopped, t0 = 0, False, time.perf_counter()
+    if saved is not None:  # go on after the last finished epoch, as if never stopped
+        model.load_state_dict(saved["model"])
+        if projector is not None:
+            projector.load_state_dict(saved["projector"])
+        opt.load_state_dict(saved["optimizer"])
+        sched.load_state_dict(saved["scheduler"])
+        torch.set_rng_state(saved["torch_rng"])
+        rng.bit_generator.state = saved["numpy_rng"]
+        best = tuple(saved["best"])
+        history, step, tokens, flops, bad, train_s = (saved[k] for k in ("history", "step", "tokens", "flops", "bad",
+                                                                         "train_s"))  # fmt: skip
+        first_epoch, stopped, t0 = saved["epoch"], saved["stopped"], t0 - saved["wall_s"]
+        print(f"  {method} lr={st.lr:g}: resuming after epoch {first_epoch} (step {step}) from {resume_file}", flush=True)
+    for epoch in range(first_epoch, st.epochs):
+        if stopped:
+            break
         if epoch:
             ws = windows(rng)
             batches = target_batches(ws.targets_per_window(), ws.lengths(), st.batch_targets, rng)
@@ -277,13 +301,20 @@ def train_model(backbone, windows: Callable[[np.random.Generator], object], vali
             bad = 0
         else:
             bad += 1
-        if bad >= st.patience or step >= total:
-            break
+        stopped = bad >= st.patience or step >= total
+        _save_resume(resume_file, {
+            "epoch": epoch + 1, "stopped": stopped, "model": model.state_dict(), "optimizer": opt.state_dict(),
+            "projector": None if projector is None else projector.state_dict(), "scheduler": sched.state_dict(),
+            "torch_rng": torch.get_rng_state(), "numpy_rng": rng.bit_generator.state, "best": list(best),
+            "history": history, "step": step, "tokens": tokens, "flops": flops, "bad": bad, "train_s": train_s,
+            "wall_s": time.perf_counter() - t0, "use_bf16": use_bf16, "bf16_info": bf16_info,
+        })  # fmt: skip
     model.load_state_dict(best[2])
     if projector is not None:
         projector.load_state_dict(best[3])
     model.eval()
     final = save_checkpoint(out_dir / "checkpoint", model, backbone.tokenizer, meta, item_codes, projector)
+    resume_file.unlink(missing_ok=True)  # the checkpoint holds what matters now (and is ~1/3 the size)
     rate = tokens / max(train_s, 1e-9)
     history.append({"bf16": bf16_info})
     return TrainResult(
@@ -292,6 +323,27 @@ def train_model(backbone, windows: Callable[[np.random.Generator], object], vali
         train_targets=ws.n_targets, train_tokens=tokens, flops=flops, wall_s=time.perf_counter() - t0,
         tokens_per_s=rate, matmul_share=flops / max(train_s, 1e-9) / peak, bf16=use_bf16, history=history,
     )
+
+
+RESUME_FILE = "resume.pt"  # the training state after the last finished epoch (removed once the model is saved)
+
+
+def _save_resume(path: Path, state: dict) -> None:
+    """Atomically (temp file + rename): a signal mid-write leaves the previous epoch's state intact."""
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
+def _load_resume(path: Path) -> dict | None:
+    import torch
+
+    if not path.exists():
+        return None
+    return torch.load(path, weights_only=True)  # tensors and plain containers only: no pickled code
 
 
 def _template(method: str) -> str:
