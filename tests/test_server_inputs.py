@@ -276,7 +276,7 @@ def test_malformed_content_length_is_400(served):
 @pytest.mark.parametrize("value", [b"abc", b"-5", b"3, 4", b"\xb2"])
 def test_malformed_content_length_reaching_the_app_is_400_in_the_error_shape(value):
     """The middleware itself, called as ASGI with a header no HTTP parser fixed up: 400, not a 500."""
-    from workbench.engines.server import BodyLimit
+    from workbench.engines.serving.body_limit import BodyLimit
 
     async def app(scope, receive, send):  # pragma: no cover - must not be reached
         raise AssertionError("the app must not run")

@@ -58,7 +58,7 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_serve(args) -> int:
-    from workbench.engines.server import serve
+    from workbench.engines.serving.serve import serve
 
     serve(
         checkpoint=args.checkpoint,

@@ -146,7 +146,7 @@ def start_run(
     `parent` is a parent run (as yielded by this function); children go in the parent's experiment.
     `config` (a pydantic model or dict) is logged as params (flattened) and as `config.json`.
     """
-    mlflow = _mlflow()
+    _mlflow()  # sets the tracking URI the client below uses
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient()
