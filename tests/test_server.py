@@ -80,9 +80,9 @@ def test_score_endpoint(server):
     items = [[7, 8], [9], [10, 11, 12]]
     d = httpx.post(url + "/v1/score", json={"query": [5, 6, 7], "items": items, "label_token_ids": [3, 4],
                                             "apply_softmax": True}).json()
-    assert d["mode"] == "label" and len(d["scores"]) == 3
+    assert d["object"] == "scoring" and len(d["scores"]) == 3
     assert np.allclose([sum(s) for s in d["scores"]], 1.0)
-    seq = httpx.post(url + "/v1/score", json={"query": [5, 6, 7], "items": items, "mode": "sequence"}).json()
+    seq = httpx.post(url + "/v1/score_sequences", json={"query": [5, 6, 7], "items": items}).json()
     (ref,) = asyncio.run(engine.score([ScoreRequest(Prompt.of([5, 6, 7]), tuple(map(tuple, items)))]))
     assert np.allclose(seq["scores"], ref.scores, atol=1e-5)
 
@@ -94,9 +94,11 @@ def test_score_endpoint(server):
         ("/v1/completions", {"prompt": [5, 6], "n": 2}, 400, "use_beam_search"),
         ("/v1/completions", {"prompt": [5, 10**6], "n": 2, "use_beam_search": True}, 400, "outside the vocabulary"),
         ("/v1/completions", {"prompt": [5], "n": 999, "use_beam_search": True}, 400, "beam_width 999"),
-        ("/v1/completions", {"prompt": "text", "n": 2}, 422, None),
-        ("/v1/score", {"query": [5], "items": [[1]] * 65}, 400, "exceed the engine limit"),
-        ("/v1/score", {"query": [5], "items": [[1]], "mode": "label"}, 400, "label_token_ids"),
+        ("/v1/completions", {"prompt": "text", "n": 2}, 400, "use_beam_search"),  # a text prompt; n needs beam search
+        ("/v1/score", {"query": [5], "items": [[1]] * 65, "label_token_ids": [3]}, 400, "exceed the engine limit"),
+        ("/v1/score", {"query": [5], "items": [[1]]}, 400, "label_token_ids is required"),
+        ("/v1/score", {"query": [5], "items": [[1]], "label_token_ids": [3], "mode": "label"}, 400,
+         "/v1/score_sequences"),
         ("/v1/completions", {"prompt": [5] * 100_000, "n": 1}, 413, "exceeds the limit"),
     ],
 )
@@ -117,7 +119,8 @@ def test_http_engine_client(server):
             reqs = [BeamSearchRequest(Prompt.of([5 + i, 6, 7]), 4, 3) for i in range(8)]
             reqs.append(BeamSearchRequest(Prompt.of([]), 4, 3))
             res = await client.beam_search(reqs)
-            sc = await client.score([ScoreRequest(Prompt.of([5, 6]), ((1, 2), (3,)))])
+            sc = await client.score([ScoreRequest(Prompt.of([5, 6]), ((1, 2), (3,))),
+                                     ScoreRequest(Prompt.of([5, 6]), ((1, 2), (3,)), "label", (3, 4))])
             caps = await client.fetch_capabilities()
             return reqs, res, sc, caps
         finally:
@@ -129,4 +132,9 @@ def test_http_engine_client(server):
         assert a.success and [x.token_ids for x in a.beams] == [x.token_ids for x in b.beams]
     assert not res[-1].success and "HTTP 400" in res[-1].error and "empty prompt" in res[-1].error
     assert sc[0].success and len(sc[0].scores) == 2
+    # label mode reads SGLang's token_logprobs: the engine's own label log-probs, not the probabilities
+    ref = asyncio.run(engine.score([ScoreRequest(Prompt.of([5, 6]), ((1, 2), (3,)), m, lab)
+                                    for m, lab in (("sequence", ()), ("label", (3, 4)))]))
+    for got, want in zip(sc, ref):
+        assert got.success and np.allclose(got.scores, want.scores, atol=1e-5), (got, want)
     assert caps.supports("soft_token")

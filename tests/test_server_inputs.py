@@ -114,7 +114,8 @@ def _soft(c, vec=None, pos=1, **kw):
 
 def _soft_score(c, vec=None, **kw):
     vec = vec if vec is not None else [0.1] * c["dim"]
-    return {"query": [5, c["ph"], 7], "items": [[8, 9], [10]], "user_vector": vec, "placeholder_pos": 1, **kw}
+    return {"query": [5, c["ph"], 7], "items": [[8, 9], [10]], "label_token_ids": [3, 4], "user_vector": vec,
+            "placeholder_pos": 1, **kw}
 
 
 BEAM = {"prompt": [5, 6, 7], "n": 2, "max_tokens": 2, "use_beam_search": True}
@@ -128,7 +129,9 @@ ROWS = [
     # strict integers: JSON booleans, floats and strings are not token ids
     ("bools-as-ids", "/v1/completions", {**BEAM, "prompt": [True, False, True]}, 422, NOT_INT + " (got True)"),
     ("floats-as-ids", "/v1/completions", {**BEAM, "prompt": [1.0, 2.0]}, 422, NOT_INT + " (got 1.0)"),
-    ("strings-as-ids", "/v1/completions", {**BEAM, "prompt": ["1", "2"]}, 422, NOT_INT + " (got '1')"),
+    # a list of strings is a batch of text prompts (OpenAI); a string among token ids is still refused
+    ("strings-as-ids", "/v1/completions", {**BEAM, "prompt": [5, "6"]}, 422,
+     "prompt.1: Input should be a valid integer (got '6')"),
     ("bool-in-batch", "/v1/completions", {**BEAM, "prompt": [[5, 6], [7, True]]}, 422,
      "prompt.1.1: Input should be a valid integer"),
     ("bool-as-beam-width", "/v1/completions", {**BEAM, "n": True}, 422, "n: Input should be a valid integer"),
@@ -144,8 +147,8 @@ ROWS = [
     ("float-in-query", "/v1/score", {**SCORE, "query": [5.0]}, 422, "query.0: Input should be a valid integer"),
     ("string-label-id", "/v1/score", {**SCORE, "label_token_ids": ["3"]}, 422,
      "label_token_ids.0: Input should be a valid integer"),
-    ("prompt-not-a-list", "/v1/completions", {**BEAM, "prompt": "text"}, 422, "prompt: Input should be a valid list"),
-    ("missing-field", "/v1/score", {"items": [[1]]}, 422, "query: Field required"),
+    ("prompt-not-a-list", "/v1/completions", {**BEAM, "prompt": 5}, 422, "prompt: Input should be a valid list"),
+    ("missing-field", "/v1/score", {"query": [1], "label_token_ids": [3]}, 400, "items must be provided"),
     ("not-json", "/v1/completions", {"raw": b'{"prompt": [1, 2'}, 422, "body is not valid JSON"),
     ("not-utf8", "/v1/completions", {"raw": b'{"prompt": [1], "model": "\xff"}'}, 400, "not UTF-8 JSON"),
     ("nested-too-deeply", "/v1/completions", {"raw": b"[" * 100_000 + b"]" * 100_000}, 400, "nested too deeply"),
@@ -181,20 +184,22 @@ ROWS = [
     ("empty-prompt", "/v1/completions", {**BEAM, "prompt": []}, 400, "empty prompt"),
     ("over-long-prompt", "/v1/completions", {**BEAM, "prompt": [5] * 200}, 400,
      f"exceeds the model's limit of {MAX_POSITIONS}"),
-    ("zero-candidates", "/v1/score", {**SCORE, "items": []}, 400, "no candidates"),
     ("10000-candidates", "/v1/score", {**SCORE, "items": [[8]] * 10_000}, 400, "exceed the engine limit of 1024"),
     ("oov-prompt", "/v1/completions", {**BEAM, "prompt": [5, 10**6]}, 400, "outside the vocabulary"),
     ("negative-id", "/v1/completions", {**BEAM, "prompt": [5, -1]}, 400, "outside the vocabulary"),
     ("oov-candidate", "/v1/score", {**SCORE, "items": [[8, 10**6]]}, 400, "candidate token ids outside the vocabulary"),
-    ("oov-label", "/v1/score", {**SCORE, "label_token_ids": [10**6]}, 400, "label token ids outside the vocabulary"),
+    ("oov-label", "/v1/score", {**SCORE, "label_token_ids": [10**6]}, 400, "Token ID 1000000 is out of vocabulary"),
     ("banned-outside-catalog", "/v1/completions", {**BEAM, "constrained": True, "banned_items": [999]}, 400,
      "banned_items outside the catalog"),
     ("n-without-beam-search", "/v1/completions", {**BEAM, "use_beam_search": False}, 400, "use_beam_search"),
-    ("item-first", "/v1/score", {**SCORE, "item_first": True}, 400, "item_first=true is not supported"),
     ("unknown-route", "/v1/nope", {}, 404, "no route POST /v1/nope"),
     ("wrong-method", "GET /v1/score", None, 405, "method not allowed: GET /v1/score"),
-    # unknown fields were ignored before and still are (OpenAI-style clients send extras)
-    ("unknown-keys", "/v1/completions", {**BEAM, "stream": False, "best_of": 2, "frobnicate": {"x": 1}}, 200, None),
+    # OpenAI / vLLM parameters are honoured, accepted as documented no-ops, or refused by name; unknown ones too
+    ("unknown-keys", "/v1/completions", {**BEAM, "stream": False, "best_of": 2, "frobnicate": {"x": 1}}, 400,
+     "unknown parameter 'frobnicate'"),
+    ("known-keys", "/v1/completions", {**BEAM, "stream": False, "best_of": 2, "seed": 1, "user": "u", "top_p": 1.0,
+                                       "temperature": 1.0, "repetition_penalty": 1.0}, 200, None),
+    ("sampling-key", "/v1/completions", {**BEAM, "top_p": 0.9}, 400, "top_p=0.9 is not supported"),
 ]
 
 
@@ -298,12 +303,12 @@ def test_malformed_content_length_reaching_the_app_is_400_in_the_error_shape(val
 
 def test_large_invalid_request_gets_a_small_answer(served):
     """3.5 MB of string "token ids": a 422 of a few hundred bytes, fast (it was an echo of every bad element:
-    137 MB after 40 s for 500,000 of them)."""
-    body = {"prompt": ["x"] * 700_000}
+    137 MB after 40 s for 500,000 of them). A leading id makes it an id list (all strings: a text batch)."""
+    body = {"prompt": [1] + ["x"] * 700_000}
     assert len(json.dumps(body)) > 3_400_000
     t0 = time.monotonic()
     r = httpx.post(served[0] + "/v1/completions", json=body, timeout=120)
-    err = _assert_error(r, 422, "prompt.0: Input should be a valid integer (got 'x')")
+    err = _assert_error(r, 422, "prompt.1: Input should be a valid integer (got 'x')")
     assert len(r.content) < 2000 and len(err["message"]) <= 1000
     assert time.monotonic() - t0 < 20
 
@@ -355,11 +360,12 @@ def _pool(engine, seed: int = 11) -> list[tuple[str, dict, float]]:
         else:
             n_cands = int(rng.integers(2, 9))
             items = [rng.integers(2, base, size=int(rng.integers(1, 4))).tolist() for _ in range(n_cands)]
-            body = {"query": ids, "items": items, "mode": kind, **soft}
-            if kind == "label":
+            body = {"query": ids, "items": items, **soft}
+            if kind == "label":  # SGLang's /v1/score: probabilities, within the log-prob bound (|dp| <= |dlogp|)
                 body["label_token_ids"] = [3, 4]
+            path = "/v1/score" if kind == "label" else "/v1/score_sequences"
             longest = max(len(c) for c in items)
-            out.append(("/v1/score", body, logprob_bound(cfg, len(ids) + longest, longest + 1, z)))
+            out.append((path, body, logprob_bound(cfg, len(ids) + longest, longest + 1, z)))
     return out
 
 
@@ -401,7 +407,7 @@ def test_concurrent_results_equal_alone(served):
     kinds: dict[str, int] = {}
     for i in order:
         k = pool[i][0] + (" constrained" if pool[i][1].get("constrained") else "") + (
-            " soft" if "user_vector" in pool[i][1] else "") + (f" {pool[i][1]['mode']}" if "mode" in pool[i][1] else "")
+            " soft" if "user_vector" in pool[i][1] else "")
         kinds[k] = kinds.get(k, 0) + 1
 
     async def go():

@@ -101,11 +101,16 @@ class HTTPEngine:
         return BeamSearchResult(r.request_id, beams=beams, timings=t, prompt_tokens=len(r.prompt))
 
     async def _score_one(self, r: ScoreRequest) -> ScoreResult:
+        """Mode "label": SGLang's `/v1/score`, reading its `token_logprobs` (the label log-probs themselves;
+        `scores` holds their exp). Mode "sequence": the workbench's `/v1/score_sequences`."""
         t = Timings.start()
-        body = {"query": list(r.prompt.token_ids), "items": [list(c) for c in r.candidates], "mode": r.mode,
-                "label_token_ids": list(r.label_token_ids), **self._soft_fields(r.prompt)}
-        d, err = await self._post("/v1/score", body)
+        body = {"query": list(r.prompt.token_ids), "items": [list(c) for c in r.candidates],
+                **self._soft_fields(r.prompt)}
+        if r.mode == "label":
+            body |= {"label_token_ids": list(r.label_token_ids), "apply_softmax": False, "return_token_logprobs": True}
+        d, err = await self._post("/v1/score" if r.mode == "label" else "/v1/score_sequences", body)
         t.finish()
         if err:
             return ScoreResult(r.request_id, success=False, error=err, timings=t, prompt_tokens=len(r.prompt))
-        return ScoreResult(r.request_id, scores=d["scores"], timings=t, prompt_tokens=len(r.prompt))
+        scores = d["token_logprobs"] if r.mode == "label" else d["scores"]
+        return ScoreResult(r.request_id, scores=scores, timings=t, prompt_tokens=len(r.prompt))

@@ -166,6 +166,12 @@ class TorchEngine:
             dtype=dtype,
         )
         self.stats = EngineStats()
+        # Called by the worker thread after each forward with (requests in it, token rows in it): the server's
+        # batch-size metrics. It must be cheap and thread-safe; an exception from it is swallowed (the
+        # forward's requests must not fail for a metric).
+        self.on_forward: Callable[[int, int], None] | None = None
+        self._submitted = self._admitted = 0  # jobs queued / taken into a forward (queue_depth)
+        self._submit_lock = threading.Lock()
         self._queue: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -215,6 +221,12 @@ class TorchEngine:
     def reset_stats(self) -> None:
         self.stats = EngineStats()
 
+    def queue_depth(self) -> int:
+        """Requests submitted and not yet in a forward (their prompt not prefilled): the scheduler's queue.
+        Read-only and lock-free (two counters, each written by one side), so a metrics scrape never waits
+        for the worker; it may be one request off while a forward is being admitted."""
+        return max(0, self._submitted - self._admitted)
+
     # ---- public async API --------------------------------------------------------------------
     async def beam_search(self, requests: Sequence[BeamSearchRequest]) -> list[BeamSearchResult]:
         futs = [self._submit("beam", r, self.validate_beam, BeamSearchResult) for r in requests]
@@ -259,6 +271,8 @@ class TorchEngine:
         return fut
 
     def _enqueue(self, job: _Job) -> None:
+        with self._submit_lock:  # callers may be on several threads; the worker only reads this
+            self._submitted += 1
         if self._thread is None:
             self._thread = threading.Thread(target=self._worker, name="torch-engine", daemon=True)
             self._thread.start()
@@ -304,6 +318,7 @@ class TorchEngine:
                 budget -= j.prompt_len
             if not (pre or dec or sc):
                 continue
+            self._admitted += len(pre)
             t0 = time.perf_counter()
             try:
                 self._iteration(pre, dec, sc)
@@ -366,6 +381,7 @@ class TorchEngine:
         h = lm.forward(x, segments)
         self.stats.forwards += 1
         self.stats.rows += int(x.shape[0])
+        self._report_forward(len(pre) + len(dec) + len(sc), int(x.shape[0]))
         off = 0
         if pre:
             seg = segments[0]
@@ -392,6 +408,14 @@ class TorchEngine:
             self._finish_scores(sc, sc_seg, h[off : off + n])
             self.stats.score_rows += n
             off += n
+
+    def _report_forward(self, requests: int, rows: int) -> None:
+        hook = self.on_forward
+        if hook is not None:
+            try:
+                hook(requests, rows)
+            except Exception:  # noqa: BLE001 - a metric must never fail the forward's requests
+                pass
 
     def _admit_prompts(self, pre: list[_Job]) -> dict:
         """{job: prompt embeddings} for the jobs of `pre` whose prompt can run; a job whose projected user

@@ -176,7 +176,8 @@ def open_engine(entry: EngineEntry, checkpoint: Path, log_dir: Path | None = Non
     argv = (sys.executable, "-m", "workbench.cli", "serve", "--checkpoint", str(checkpoint), "--engine", entry.name,
             "--port", str(port), "--dtype", entry.dtype)  # fmt: skip
     env = {"OMP_NUM_THREADS": str(entry.threads)} if entry.threads else {}
-    spec = launcher.ServerSpec(entry.name, argv, port, env=env, startup_timeout_s=180.0)
+    # /ready, not /health: ready only after the server's warm-up request, which must not overlap the measurements
+    spec = launcher.ServerSpec(entry.name, argv, port, env=env, startup_timeout_s=180.0, health_path="/ready")
     log = None if log_dir is None else log_dir / f"{entry.label or entry.name}-server.log"
     with launcher.launch(spec, log_path=log) as server:
         print(f"[bench] workbench serve ({entry.name}) up at {server.url} after {server.started_s:.1f} s",

@@ -10,7 +10,8 @@ Three backbones, chosen by `model.backbone`:
 - `hf:<path>`: any local Hugging Face causal-LM directory (e.g. Qwen3-1.7B on a GPU host).
 
 The vocabulary is then extended with exactly the tokens of `SidLayout.token_names()`, so token
-id == layout id (checked, never assumed). Pretrained rows stay bit-identical; new rows of a
+id == layout id (checked, never assumed); `add_layout_tokens` says which of them are special and why.
+Pretrained rows stay bit-identical; new rows of a
 pretrained embedding start at the mean of the existing rows plus small noise (a random row far
 from the pretrained distribution would make the first steps chase its norm). A from-scratch model
 is simply built at the full extended size.
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from workbench.paths import data_dir
-from workbench.sids.layout import SidLayout
+from workbench.sids.layout import SPECIAL_TOKENS, SidLayout
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -213,17 +214,62 @@ def _hf_path(backbone: str) -> Path:
 # ---- vocabulary extension -----------------------------------------------------------------------
 
 
-def extend_tokenizer(tokenizer, layout: SidLayout) -> None:
-    """Add the layout's token names; their ids must come out as the layout's ids."""
+def add_layout_tokens(tokenizer, layout: SidLayout) -> None:
+    """Add the layout's tokens to `tokenizer` (a no-op for tokens it already has): SID tokens as plain added
+    tokens, the structural tokens (`SPECIAL_TOKENS`: the `<|user|>` placeholder, `<|hist|>`, `<|sep|>`, ...)
+    as special tokens (`extra_special_tokens`, so in `all_special_ids`).
+
+    Why the split: a structural token is control, never content. Special, it is dropped by
+    `decode(skip_special_tokens=True)`, so text decoded from any ids (a client's random ids included) never
+    holds a literal `<|user|>` that would tokenize back into a placeholder; and `split_special_tokens=True`
+    keeps data text (`tokenize_item_texts`) from ever producing one. SID tokens are the model's answer:
+    vLLM and SGLang detokenize completions with `skip_special_tokens=True` by default, so special SIDs would
+    come back as empty text, and `decode(encode(text), skip_special_tokens=True)` would lose them (reasoning
+    models register `<think>` as a non-special added token for the same reason, e.g. DeepSeek-R1's distilled
+    Qwen tokenizers). The price: a literal "<a_3>" in data text still becomes that SID token (only special
+    tokens are split by `split_special_tokens`), which is harmless (it names an item) where a stray
+    placeholder is not. Being added tokens, both kinds are matched whole in text ("<a_3><b_1>" is two ids,
+    never characters); `normalized=False`, so a normalizer (NFC, lowercase) never changes what matches.
+    """
     from tokenizers import AddedToken
 
+    names = layout.token_names()
+    sids, structural = names[: -len(SPECIAL_TOKENS)], names[-len(SPECIAL_TOKENS) :]
+    tokenizer.add_tokens([AddedToken(n, normalized=False, special=False) for n in sids])
+    tokenizer.add_special_tokens(
+        {"extra_special_tokens": [AddedToken(n, normalized=False, special=True) for n in structural]},
+        replace_extra_special_tokens=False,  # a pretrained tokenizer keeps its own extra special tokens
+    )
+
+
+def mark_special_tokens(tokenizer, layout: SidLayout) -> None:
+    """Register the structural tokens as special on a loaded tokenizer that has them at the layout's ids
+    (checkpoints written before `add_layout_tokens` had them as added tokens only). Only the flag
+    changes: no id is added or moved, token-id requests are unaffected; a tokenizer that does not hold
+    this layout's tokens is left as it is."""
+    from tokenizers import AddedToken
+
+    structural = list(SPECIAL_TOKENS)
+    if tokenizer.convert_tokens_to_ids(structural) != [layout.special_id(t) for t in structural]:
+        return
+    missing = [t for t in structural if t not in set(tokenizer.all_special_tokens)]
+    if missing:
+        n = len(tokenizer)
+        tokenizer.add_special_tokens({"extra_special_tokens": [AddedToken(t, normalized=False, special=True)
+                                                               for t in missing]}, replace_extra_special_tokens=False)
+        if len(tokenizer) != n:  # cannot happen for tokens found at the layout's ids; never serve shifted ids
+            raise BackboneError(f"marking {missing} special added {len(tokenizer) - n} tokens to the tokenizer")
+
+
+def extend_tokenizer(tokenizer, layout: SidLayout) -> None:
+    """Add the layout's token names (`add_layout_tokens`); their ids must come out as the layout's ids."""
     if len(tokenizer) != layout.base_vocab_size:
         raise BackboneError(
             f"tokenizer has {len(tokenizer)} tokens but the layout's base_vocab_size is {layout.base_vocab_size}; "
             "build the layout from this tokenizer (make_layout)"
         )
     names = layout.token_names()
-    tokenizer.add_tokens([AddedToken(n, normalized=False, special=True, single_word=False) for n in names], special_tokens=True)
+    add_layout_tokens(tokenizer, layout)
     ids = tokenizer.convert_tokens_to_ids(names)
     expected = list(range(layout.base_vocab_size, layout.vocab_size))
     if ids != expected:

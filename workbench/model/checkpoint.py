@@ -213,6 +213,10 @@ def load_checkpoint(path, dtype: str = "float32", device: str = "cpu") -> Loaded
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError):
         tokenizer = None  # engines speak token ids; a missing tokenizer only matters for text prompts
+    if tokenizer is not None:
+        from workbench.model.backbone import mark_special_tokens
+
+        mark_special_tokens(tokenizer, meta.layout)  # checkpoints written before the structural tokens were special
     cat_file = path / CATALOG_FILE
     if not cat_file.exists():
         raise CheckpointError(f"{cat_file} is missing; the checkpoint has no item catalog")

@@ -71,6 +71,8 @@ def make_word_tokenizer(layout: SidLayout):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
+    from workbench.model.backbone import add_layout_tokens
+
     base = ["[UNK]", "[PAD]"] + [f"w{i}" for i in range(2, layout.base_vocab_size)]
     vocab = {t: i for i, t in enumerate(base[: layout.base_vocab_size])}
     for j, name in enumerate(layout.token_names()):
@@ -78,7 +80,7 @@ def make_word_tokenizer(layout: SidLayout):
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]")
-    fast.add_tokens(layout.token_names(), special_tokens=False)  # so "<a_1><b_2>" splits without spaces
+    add_layout_tokens(fast, layout)  # as added tokens "<a_1><b_2>" splits without spaces; the structural ones special
     return fast
 
 

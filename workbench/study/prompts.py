@@ -289,8 +289,13 @@ def eval_examples(
 
 
 def tokenize_item_texts(tokenizer, texts: Sequence[str]) -> list[list[int]]:
-    """Token ids of each item's text (no special tokens), computed once per catalog."""
-    enc = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+    """Token ids of each item's text (no special tokens), computed once per catalog.
+
+    Item text is data, not template: `split_special_tokens=True` reads a literal "<|user|>" or "<|sep|>"
+    in a title as characters, so catalog text can never inject a placeholder or a structural token
+    (the builders write those as ids). Text without such literals gets the same ids either way.
+    """
+    enc = tokenizer(list(texts), add_special_tokens=False, split_special_tokens=True)["input_ids"]
     return [list(map(int, x)) for x in enc]
 
 

@@ -22,6 +22,8 @@ MAX_LISTED_ERRORS = 3  # validation errors spelled out in a 422 message; the res
 TokenIds = Annotated[list[StrictInt], Field(fail_fast=True)]
 UserVector = Annotated[list[StrictFloat], Field(fail_fast=True)]
 PROMPT_ONE, PROMPT_MANY = "token-id list", "list of token-id lists"  # the prompt's two shapes; stripped from error paths
+TEXT, TEXTS = "text string", "list of text strings"  # /v1/score's text shapes of `query` and `items`; stripped too
+SHAPE_TAGS = (PROMPT_ONE, PROMPT_MANY, TEXT, TEXTS)
 
 
 def cap(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
@@ -51,7 +53,7 @@ def validation_message(errors: Sequence[dict]) -> str:
     """
     parts = []
     for e in errors[:MAX_LISTED_ERRORS]:
-        loc = [str(x) for x in e.get("loc", ()) if x not in (PROMPT_ONE, PROMPT_MANY)]
+        loc = [str(x) for x in e.get("loc", ()) if x not in SHAPE_TAGS]
         if loc[:1] == ["body"]:
             loc = loc[1:]
         if e.get("type") == "json_invalid":
