@@ -88,7 +88,8 @@ def test_test_split_load_on_trained_checkpoints_joins_quality(trained_study, tmp
     for c in res.children:
         logged = client.get_run(c.run_id).data.metrics
         lengths[c.method] = logged[names.PROMPT_TOKENS_MEAN]
-        assert logged[names.COST_RELATIVE_METHOD] == pytest.approx(c.relative_cost_method, nan_ok=True)
+        # a NaN cost (the reference never met the SLO, e.g. on a busy machine) is not logged: MLflow takes finite values
+        assert logged.get(names.COST_RELATIVE_METHOD, math.nan) == pytest.approx(c.relative_cost_method, nan_ok=True)
     assert joined.loc["soft_token", "relative_cost_method"] == pytest.approx(soft.relative_cost_method, nan_ok=True)
     evald = study.quality.set_index("method")[names.PROMPT_TOKENS_MEAN]
     assert lengths["none"] == pytest.approx(float(evald["none"]))

@@ -215,9 +215,14 @@ def test_signal_while_run_is_created_is_not_lost(mlflow_store, monkeypatch):
         return run
 
     monkeypatch.setattr(MlflowClient, "create_run", create_then_interrupt)
-    with pytest.raises(KeyboardInterrupt):
-        with tracking.start_run("window_test", experiment="window_test"):
-            pytest.fail("the interrupt should have been delivered before the body")
+    # Python's own Ctrl-C handler, whatever an earlier test or library left in place
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with tracking.start_run("window_test", experiment="window_test"):
+                pytest.fail("the interrupt should have been delivered before the body")
+    finally:
+        signal.signal(signal.SIGINT, old)
     monkeypatch.setattr(MlflowClient, "create_run", real)
     (run,) = MlflowClient(mlflow_store).search_runs([tracking.get_experiment_id("window_test")])
     assert run.info.status == "KILLED"
