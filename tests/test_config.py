@@ -155,3 +155,18 @@ def test_bad_yaml_files_are_clear_errors(tmp_path):
     for f, why in (("syntax.yaml", "not valid YAML"), ("latin1.yaml", "not UTF-8"), (".", "is a directory")):
         with pytest.raises(ConfigError, match=why):
             load_config(tmp_path / f)
+
+
+def test_tracking_uri_key():
+    """`tracking.uri` takes a store URI; a blank one, or one with a password in it (the config is logged
+    with every run), is refused with the way out."""
+    base = {"name": "t", "dataset": {"name": "ml-100k"}}
+    cfg = parse_config({**base, "tracking": {"uri": " http://mlflow.lab:5000 "}})
+    assert cfg.tracking.uri == "http://mlflow.lab:5000" and cfg.experiment_name == "t"
+    assert parse_config(base).tracking.uri is None
+    sweep = parse_config({"name": "w", "load": {}, "tracking": {"uri": "sqlite:////tmp/x.db"}})
+    assert sweep.tracking.uri == "sqlite:////tmp/x.db"
+    with pytest.raises(ConfigError, match="tracking.uri: .*without spaces"):
+        parse_config({**base, "tracking": {"uri": "  "}})
+    with pytest.raises(ConfigError, match="MLFLOW_TRACKING_PASSWORD"):
+        parse_config({**base, "tracking": {"uri": "https://me:secret@mlflow.lab"}})

@@ -70,6 +70,8 @@ def test_report_standalone_with_figures(study):
     assert '"prompt_tokens": 16' in plain and '"mlflow"' in plain and "commit <code>" in text
     # the bf16 quality run was refused for the fp32 hf load run, with the reason
     assert "evaluate/hf-bf16: runs differ in workbench.dtype: 'float32' vs 'bfloat16'" in plain
+    # every table scrolls inside its own box: the page never gets wider than the window
+    assert ".tbl{overflow-x:auto" in text and text.count("<table") == text.count("<div class='tbl")
 
 
 def test_study_join_and_refusal(study):
@@ -113,3 +115,37 @@ def test_latest_reads_only_the_most_recent_sweep(study):
     assert list(latest.summary["run_id"]) == [second.children[0].run_id]
     assert [p["run_id"] for p in latest.parents] == [second.parent_run_id]
     assert set(latest.points["run_id"]) == {second.children[0].run_id}
+
+
+def test_series_are_runs_and_lines_follow_the_x_axis():
+    """Two sweeps of one engine in two dtypes: two lines and two bars (not one line, one stacked bar), each
+    line joined along its x axis (past saturation the achieved rate drops: measurement order zig-zags)."""
+    import pandas as pd
+
+    runs = [{"run_id": f"r{dt}", "series": "torch", "engine": "torch", "method": "none", "workload": "wl",
+             "mode": "unconstrained", "dtype": dt, "checkpoint": "/c/tiny", "transport": "inprocess",
+             "status": "FINISHED",
+             "slo_ms": 1000.0, "usd_per_1m": cost, "saturation_qps": 5.0, "sweep": sweep}
+            for dt, cost, sweep in (("float32", 2.0, "sweep a"), ("bfloat16", 1.5, "sweep b"))]  # fmt: skip
+    summary = pd.DataFrame(runs)
+    points = pd.DataFrame([{"run_id": r["run_id"], "series": "torch", "engine": "torch", "method": "none",
+                            "workload": "wl", "step": i, "offered_qps": off, "achieved_qps": ach,
+                            "e2e_p50_ms": 10.0 + i, "e2e_p99_ms": 20.0 + i, "failures": 0}
+                           for r in runs for i, (off, ach) in enumerate([(2, 2.0), (8, 5.5), (4, 4.0), (16, 5.0)])])
+    s = report.Study("x", "sqlite://", summary, points, pd.DataFrame(), summary.copy())
+    figs = report.figures(s)
+    assert list(figs) == ["wl: latency vs achieved QPS", "wl: throughput vs offered rate", "wl: cost per 1M requests"]
+    lat = figs["wl: latency vs achieved QPS"]
+    assert sorted(t.name for t in lat.data) == ["torch · bfloat16 p50", "torch · bfloat16 p99",
+                                                "torch · float32 p50", "torch · float32 p99"]  # fmt: skip
+    for fig in (lat, figs["wl: throughput vs offered rate"]):
+        for t in fig.data:
+            assert list(t.x) == sorted(t.x), (t.name, list(t.x))
+    bars = figs["wl: cost per 1M requests"].data
+    assert sorted(x for t in bars for x in t.x) == ["torch · bfloat16", "torch · float32"]
+    # two identical sweeps are told apart by the sweep; a label only says what differs
+    from workbench.load.plots import series_labels
+
+    same = summary.assign(dtype="float32")
+    assert series_labels(same) == ["torch · sweep a", "torch · sweep b"]
+    assert series_labels(summary.iloc[:1]) == ["torch"]

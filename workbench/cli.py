@@ -37,6 +37,12 @@ def _cmd_validate(args) -> int:
     return 0 if ok else 2
 
 
+def _tracking_override(args) -> dict:
+    """`--tracking-uri` as a config override: it then wins over the file's `tracking.uri` through the same
+    path (`tracking.use` in run_experiment / run_bench), and is validated like the key."""
+    return {"tracking": {"uri": args.tracking_uri}} if args.tracking_uri else {}
+
+
 def _cmd_run(args) -> int:
     from workbench.config import load_study
     from workbench.study.pipeline import resolve_stages, run_experiment
@@ -52,6 +58,7 @@ def _cmd_run(args) -> int:
         overrides["methods"] = {"run": args.methods}
     if args.seeds:
         overrides["training"] = {"seeds": args.seeds}
+    overrides.update(_tracking_override(args))
     cfg = load_study(args.file, overrides=overrides or None)
     run_experiment(cfg, experiment_file=args.file, stages=args.stages)
     return 0
@@ -79,7 +86,7 @@ def _cmd_microbench(args) -> int:
 def _cmd_bench(args) -> int:
     from workbench.config import load_sweep
 
-    cfg = load_sweep(args.file)  # before the load generator's imports: a bad file fails at once
+    cfg = load_sweep(args.file, overrides=_tracking_override(args) or None)  # a bad file fails before heavy imports
     from workbench.load.bench import run_bench
 
     run_bench(cfg, experiment_file=args.file)
@@ -87,9 +94,11 @@ def _cmd_bench(args) -> int:
 
 
 def _cmd_report(args) -> int:
+    from workbench import tracking
     from workbench.report.html import write_report
 
-    out = write_report(args.experiment, Path(args.output), latest=args.latest)
+    with tracking.use(args.tracking_uri):  # no config here: the flag, else MLFLOW_TRACKING_URI, else local
+        out = write_report(args.experiment, Path(args.output), latest=args.latest)
     print(f"report written to {out}")
     return 0
 
@@ -118,13 +127,17 @@ def build_parser() -> argparse.ArgumentParser:
     # the same flag after the subcommand; SUPPRESS: a subcommand without it leaves the global value alone
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
+    store = argparse.ArgumentParser(add_help=False)
+    store.add_argument("--tracking-uri", default=None, metavar="URI",
+                       help="MLflow store, e.g. a team server http://host:5000 (wins over the file's tracking.uri "
+                            "and MLFLOW_TRACKING_URI; default: those, else the local sqlite store under mlruns/)")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("validate", parents=[common], help="check experiment YAML files without running anything")
     s.add_argument("files", nargs="+")
     s.set_defaults(func=_cmd_validate)
 
-    s = sub.add_parser("run", parents=[common],
+    s = sub.add_parser("run", parents=[common, store],
                        help="run a study file's stages (data, embeddings, SIDs, train, evaluate)")
     s.add_argument("file")
     s.add_argument("--stages", nargs="*", default=None, help="run only these stages (default: the config's)")
@@ -146,11 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("rest", nargs=argparse.REMAINDER)
     s.set_defaults(func=_cmd_microbench)
 
-    s = sub.add_parser("bench", parents=[common], help="run a load-sweep file (latency vs QPS, saturation, cost)")
+    s = sub.add_parser("bench", parents=[common, store],
+                       help="run a load-sweep file (latency vs QPS, saturation, cost)")
     s.add_argument("file")
     s.set_defaults(func=_cmd_bench)
 
-    s = sub.add_parser("report", parents=[common], help="write a standalone HTML report of MLflow experiment(s)")
+    s = sub.add_parser("report", parents=[common, store],
+                       help="write a standalone HTML report of MLflow experiment(s)")
     s.add_argument("--experiment", required=True,
                    help="a name, or several comma-separated (a load sweep and the study whose quality it joins)")
     s.add_argument("-o", "--output", required=True)

@@ -14,7 +14,8 @@ Every section forbids unknown keys, so a typo fails before any work, with the ke
 valid choices in the message (`workbench validate FILE` runs only this). Stages read their own
 section; `section_hash` keys each stage's cache under `data/` by the config that produced it
 (plus the hashes of the stages it depends on), so a changed knob never reuses a stale cache.
-The MLflow experiment of a run is `tracking.experiment`, else the file's `name`.
+The MLflow experiment of a run is `tracking.experiment`, else the file's `name`; its store is
+`tracking.uri`, else `MLFLOW_TRACKING_URI`, else the local sqlite file (workbench/tracking.py).
 """
 
 from __future__ import annotations
@@ -237,6 +238,27 @@ class CostConfig(Section):
 
 class TrackingConfig(Section):
     experiment: str | None = None  # MLflow experiment name (default: the YAML file's stem)
+    # MLflow store of this file's runs, e.g. a team server http://mlflow.lab:5000 (README "A team MLflow
+    # server"); None: MLFLOW_TRACKING_URI, else the local sqlite store. `--tracking-uri` overrides it.
+    uri: str | None = None
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, v: str | None) -> str | None:
+        """Refuse what would fail late or leak: a blank value, and credentials (the config is logged as
+        params and `config.json`, readable by everyone with access to the server)."""
+        if v is None:
+            return v
+        v = v.strip()
+        if not v or any(c.isspace() for c in v):
+            raise ValueError(f"tracking.uri must be a URI without spaces, e.g. http://127.0.0.1:5000 (got {v!r})")
+        from urllib.parse import urlsplit
+
+        if urlsplit(v).password is not None:
+            raise ValueError("tracking.uri has a password in it, and the config is logged with every run; keep "
+                             "secrets in the environment (MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD for "
+                             "a server, or the whole URI in MLFLOW_TRACKING_URI)")
+        return v
 
 
 class StudyConfig(Section):

@@ -1,7 +1,13 @@
 """MLflow tracking: one store, self-describing runs, failures kept.
 
-Store: `sqlite:///<repo>/mlruns/mlflow.db` with artifacts under `mlruns/artifacts`, unless
-`MLFLOW_TRACKING_URI` is set (tests point it at a temporary folder). Telemetry is off (no network).
+Store, first that applies (`tracking_uri()`; README "A team MLflow server"):
+  1. `--tracking-uri` of `workbench run | bench | report`;
+  2. `tracking.uri` in the experiment file (`run_experiment` and `run_bench` enter `use(cfg.tracking.uri)`);
+  3. `MLFLOW_TRACKING_URI` (tests point it at a temporary folder; a team at its server, http://host:5000);
+  4. `sqlite:///<repo>/mlruns/mlflow.db` with artifacts under `mlruns/artifacts`.
+1 and 2 are one mechanism: the CLI flag is a config override. With an http(s) server started with
+`--serve-artifacts` (`make mlflow-server`), artifacts go through the server too: clients need no shared
+folder. Telemetry is off (no network).
 
 A study is a parent run per experiment file with child runs per stage or variant:
 
@@ -21,6 +27,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import traceback
 from importlib import metadata
 from pathlib import Path
@@ -36,12 +43,45 @@ _VERSION_PACKAGES = (
 
 
 def tracking_uri() -> str:
+    """The store runs are read from and written to: `MLFLOW_TRACKING_URI`, set for a command by `use`
+    (the config's `tracking.uri` or `--tracking-uri`) or by the user, else the local sqlite file."""
     uri = os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
         return uri
     d = mlruns_dir().resolve()
     d.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{d / 'mlflow.db'}"
+
+
+@contextlib.contextmanager
+def use(uri: str | None) -> Iterator[str]:
+    """Within the block every read and write goes to `uri` (None: the store the environment selects).
+
+    The one place a config's `tracking.uri` (or `--tracking-uri`) takes effect: `run_experiment`,
+    `run_bench` and `workbench report` enter it once, so no call below them takes a URI parameter. It
+    scopes `MLFLOW_TRACKING_URI` rather than a module global because MLflow itself mirrors its URI into
+    that variable (`mlflow.set_tracking_uri` does, for subprocesses): one source of truth, which child
+    processes inherit. On exit the variable and MLflow's current URI are as before, so a notebook or a
+    test that runs two configs in one process does not leak the first one's store into the second.
+    """
+    if not uri:
+        yield tracking_uri()
+        return
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    try:
+        yield uri
+    finally:
+        if before is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = before
+        if "mlflow" in sys.modules:  # MLflow's own current URI (and its env mirror) back to the outer store
+            import mlflow
+
+            mlflow.set_tracking_uri(tracking_uri())
+            if before is None:
+                os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 
 def _mlflow():
@@ -69,7 +109,9 @@ def _artifact_location(experiment: str) -> str | None:
     """Artifacts beside a local sqlite store (`<db dir>/artifacts/<experiment>`), never in the cwd.
 
     MLflow's default for a sqlite store is `./mlruns` relative to the working directory, which
-    scatters artifacts wherever a notebook or test happens to run. Remote stores keep their default.
+    scatters artifacts wherever a notebook or test happens to run. Any other store keeps its default: a
+    tracking server started with `--serve-artifacts` (`make mlflow-server`) answers `mlflow-artifacts:/...`,
+    so clients upload and download through it and need no shared folder (a local path here would break that).
     """
     uri = tracking_uri()
     if not uri.startswith("sqlite:///"):
@@ -264,6 +306,8 @@ class _RunHandle:
 
 def ui_hint(run_id: str) -> str:
     uri = tracking_uri()
+    if uri.startswith(("http://", "https://")):  # a tracking server: its UI is at the same address
+        return f"MLflow run {run_id} on {uri}\n  open the UI: {uri} (search the run id)"
     return (
         f"MLflow run {run_id} in {uri}\n"
         f"  open the UI: .venv/bin/mlflow ui --backend-store-uri {uri} --port 5000  (then http://127.0.0.1:5000)"

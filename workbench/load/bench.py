@@ -409,8 +409,17 @@ def run_bench(cfg: SweepConfig, experiment_file: str | Path | None = None, *, en
 
     `engine_factory(entry, checkpoint) -> Engine` replaces the registry lookup (tests, custom engines);
     `progress` reports each rate point (workbench.progress: a bar on a terminal, lines elsewhere;
-    default: when stderr is a terminal).
+    default: when stderr is a terminal). Runs go to `cfg.tracking.uri` when set (a team server), else
+    to the store the environment selects (`tracking.use`, entered once here for the CLI and notebooks).
     """
+    from workbench import tracking
+
+    with tracking.use(cfg.tracking.uri):
+        return _run_tracked(cfg, experiment_file, engine_factory, progress)
+
+
+def _run_tracked(cfg: SweepConfig, experiment_file: str | Path | None, engine_factory, progress: bool | None
+                 ) -> BenchResult:
     from workbench.load.plots import cost_bars, latency_vs_qps, throughput_vs_offered
     from workbench.tracking import start_run, ui_hint
 

@@ -9,6 +9,11 @@ so notebooks, the bench and the report draw the same pictures from the same colu
 - summary table (one row per engine x method x workload): `series`, `engine`, `method`,
   `saturation_qps`, `usd_per_1m`, and for the Pareto plots a quality column (e.g. `quality/recall@10`)
   and `e2e_p99_ms` (p99 at a common rate).
+
+A line or bar is one run: rows are told apart by every column of `SERIES_KEYS` they carry that
+differs between them (`series_labels`), so two sweeps of the same engine in two dtypes, or one
+engine on two methods' checkpoints, never share a line or stack into one bar. Lines join their
+points in the order of the x axis, not in the order they were measured.
 """
 
 from __future__ import annotations
@@ -29,13 +34,53 @@ def _colors(series: Sequence[str]) -> dict[str, str]:
     return {s: _PALETTE[i % len(_PALETTE)] for i, s in enumerate(dict.fromkeys(series))}
 
 
+# What can tell two runs of a sweep apart, most telling first: the engine entry's label (`series`,
+# the engine name by default), then dtype, mode, the checkpoint's method and the checkpoint itself,
+# transport, workload, and last the sweep the run belongs to (two identical sweeps).
+SERIES_KEYS: tuple[str, ...] = ("series", "engine", "dtype", "mode", "method", "checkpoint", "transport", "workload",
+                                "sweep")
+
+
+def _text(v) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    return str(v)
+
+
+def series_labels(df, keys: Sequence[str] = SERIES_KEYS, sep: str = " · ") -> list[str]:
+    """One label per row: the values of the `keys` columns that tell rows apart, joined by `sep`.
+
+    The first present key is always used; a later key is added only when it splits rows the keys
+    chosen so far leave together (so a label names the dtype only when two runs differ in dtype,
+    and never repeats what an earlier key already says). Rows equal on every key share a label.
+    """
+    keys = [k for k in keys if k in df.columns]
+    if not keys or len(df) == 0:
+        return [""] * len(df)
+    vals = df[keys].map(_text)
+    chosen = [keys[0]]
+    for k in keys[1:]:
+        if (vals.groupby(chosen, sort=False)[k].nunique() > 1).any():
+            chosen.append(k)
+    return [sep.join(v for v in row if v) or "-" for row in vals[chosen].itertuples(index=False)]
+
+
+def with_series(df, keys: Sequence[str] = SERIES_KEYS):
+    """A copy of `df` whose `series` column is `series_labels(df, keys)` (what the figures group by)."""
+    out = df.copy()
+    if len(out):
+        out["series"] = series_labels(out, keys)
+    return out
+
+
 def latency_vs_qps(points, slo_ms: float | None = None, title: str = "Latency vs achieved throughput"):
     """p50 (dashed) and p99 (solid) end-to-end latency against achieved QPS, one color per series."""
     go = _go()
     fig = go.Figure()
+    points = with_series(points)
     colors = _colors(points["series"])
     for s, df in points.groupby("series", sort=False):
-        df = df.sort_values("offered_qps")
+        df = df.sort_values(["achieved_qps", "offered_qps"])  # along the x axis: past saturation achieved drops
         for col, dash, lab in (("e2e_p99_ms", "solid", "p99"), ("e2e_p50_ms", "dash", "p50")):
             fig.add_trace(go.Scatter(
                 x=df["achieved_qps"], y=df[col], mode="lines+markers", name=f"{s} {lab}", legendgroup=s,
@@ -56,9 +101,10 @@ def throughput_vs_offered(points, title: str = "Achieved vs offered request rate
     """Achieved throughput against offered rate; the diagonal is "keeping up"."""
     go = _go()
     fig = go.Figure()
+    points = with_series(points)
     colors = _colors(points["series"])
     for s, df in points.groupby("series", sort=False):
-        df = df.sort_values("offered_qps")
+        df = df.sort_values(["offered_qps", "achieved_qps"])
         fig.add_trace(go.Scatter(x=df["offered_qps"], y=df["achieved_qps"], mode="lines+markers", name=s,
                                  line=dict(color=colors[s])))  # fmt: skip
     finite = points["offered_qps"][points["offered_qps"].map(math.isfinite)]
@@ -72,15 +118,18 @@ def throughput_vs_offered(points, title: str = "Achieved vs offered request rate
 
 
 def cost_bars(summary, title: str = "Cost per 1M requests at saturation"):
-    """$ per 1M requests per engine, grouped by method; engines without a saturation rate are labeled."""
+    """$ per 1M requests, one bar per run (labeled by what tells the runs apart), colored by method;
+    runs without a saturation rate get a zero-height bar that says so (a missing bar would read as "not run")."""
     go = _go()
     fig = go.Figure()
-    df = summary.copy()
+    df = with_series(summary)
     df["method"] = df["method"].fillna("-") if "method" in df else "-"
     for method, g in df.groupby("method", sort=False):
-        y = [c if math.isfinite(c) else None for c in g["usd_per_1m"]]
+        y = [c if math.isfinite(c) else 0.0 for c in g["usd_per_1m"]]
         text = [f"${c:.3g}" if math.isfinite(c) else "no rate inside SLO" for c in g["usd_per_1m"]]
-        fig.add_trace(go.Bar(x=g["series"], y=y, name=str(method), text=text, textposition="auto"))
+        # one offset group: every x is one run, so bars never stack or squeeze into empty method slots
+        fig.add_trace(go.Bar(x=g["series"], y=y, name=str(method), text=text, textposition="outside",
+                             offsetgroup="run", cliponaxis=False))
     fig.update_layout(title=title, yaxis_title="USD per 1M requests", barmode="group", template="plotly_white",
                       legend_title="method")  # fmt: skip
     return fig
@@ -97,19 +146,21 @@ def pareto_front(x: Sequence[float], y: Sequence[float]) -> list[int]:
 
 
 def quality_pareto(summary, quality_col: str, x_col: str, x_title: str, title: str | None = None):
-    """Quality against cost or latency, one marker per (engine, method), with the Pareto front drawn."""
+    """Quality against cost or latency, one marker per run (engine, dtype, method, ... as they differ),
+    with the Pareto front drawn."""
     go = _go()
     df = summary.dropna(subset=[quality_col, x_col]).reset_index(drop=True)
     df = df[df[x_col].map(math.isfinite)].reset_index(drop=True)
+    df = with_series(df)
     fig = go.Figure()
-    colors = _colors(df["engine"]) if len(df) else {}
-    for eng, g in df.groupby("engine", sort=False):
+    colors = _colors(df["series"]) if len(df) else {}
+    for s, g in df.groupby("series", sort=False):
         fig.add_trace(go.Scatter(
-            x=g[x_col], y=g[quality_col], mode="markers+text", name=str(eng), text=g["method"],
-            textposition="top center", marker=dict(size=12, color=colors[eng]),
+            x=g[x_col], y=g[quality_col], mode="markers+text", name=str(s), text=g["method"],
+            textposition="top center", marker=dict(size=12, color=colors[s]),
         ))  # fmt: skip
-    if len(df):
-        front = pareto_front(df[x_col].tolist(), df[quality_col].tolist())
+    front = pareto_front(df[x_col].tolist(), df[quality_col].tolist()) if len(df) else []
+    if len(front) > 1:  # one point is not a front to draw
         fig.add_trace(go.Scatter(x=df.loc[front, x_col], y=df.loc[front, quality_col], mode="lines",
                                  name="Pareto front", line=dict(color="black", dash="dash")))  # fmt: skip
     fig.update_layout(title=title or f"{quality_col} vs {x_title}", xaxis_title=x_title, yaxis_title=quality_col,

@@ -1,13 +1,22 @@
 """Shared HTML reports built from MLflow only: `workbench report --experiment NAME -o FILE`.
 
 The report is one standalone HTML file a colleague can open without the workbench, MLflow or a
-network: plotly figures inline (plotly.js embedded once), tables, the sweep configs, package
-versions, hardware and git commits. It reads runs; it never trains or sends load.
+network: plotly figures inline (plotly.js embedded once), tables, the configs, package versions,
+hardware and git commits. It reads runs; it never trains or sends load. It shows what the
+experiment(s) hold, so one command serves every kind:
+
+- a personalization study (`workbench run`, `studies.py`): the quality table with its intervals
+  (vs none, vs the baselines), per-seed values, learning curves, the user-signal ablation, prompt
+  length and cost, SID codebook statistics, and each run's config, commit, CPU and versions;
+- load sweeps (`workbench bench`): summary, latency / throughput / cost figures, rate points, configs;
+- both (comma-joined experiments): also quality vs cost and vs p99 latency with the Pareto front.
 
 What it joins, and what it refuses to join:
 
 - Load runs (`workbench.stage = load`, written by `bench.py`) are grouped by workload tag; a figure
-  never mixes workloads, and series within a workload are the runs' (engine label, method).
+  never mixes workloads, and within a workload a series is one run, named by every tag that tells
+  it apart from the others (engine label, dtype, mode, method, checkpoint, transport, and the sweep
+  when two sweeps are otherwise identical: `load.plots.series_labels`).
 - Quality for the Pareto plots comes from runs with `quality/*` metrics whose tags match the load
   run on every key of `JOIN_TAGS` (checkpoint, engine, mode, dtype): quality measured on another
   engine, mode or dtype is not the quality of that load run. `check_joinable` raises
@@ -27,6 +36,7 @@ from typing import Any, Sequence
 from workbench import names
 from workbench.errors import UsageError
 from workbench.load.metrics import METRIC_NAMES
+from workbench.report.studies import StudyRuns, collect_study_runs
 
 JOIN_TAGS: tuple[str, ...] = (names.TAG_CHECKPOINT, names.TAG_ENGINE, names.TAG_MODE, names.TAG_DTYPE)
 COMPARE_TAGS: tuple[str, ...] = JOIN_TAGS + (names.TAG_WORKLOAD,)
@@ -64,6 +74,8 @@ class Study:
     joined: Any  # summary rows with a quality column where the tags matched
     not_joined: list[str] = field(default_factory=list)
     parents: list[dict] = field(default_factory=list)  # sweep runs: name, id, commit, config, environment
+    studies: StudyRuns = field(default_factory=StudyRuns)  # personalization-study runs (`studies.py`)
+    latest: bool = False  # only the most recent sweep / study run of each experiment was read
 
 
 def _client():
@@ -96,6 +108,12 @@ def _metric_history_points(client, run) -> list[dict]:
     return [rows[s] for s in sorted(rows)]
 
 
+def _sweep_labels(runs) -> dict[str, str]:
+    """Sweep run id -> a short name for it (its start time), the last resort that tells two series apart."""
+    return {r.info.run_id: _dt.datetime.fromtimestamp(r.info.start_time / 1000).strftime("sweep %m-%d %H:%M:%S")
+            for r in runs if r.data.tags.get(names.TAG_STAGE) == names.STAGE_LOAD_SWEEP}  # fmt: skip
+
+
 def _latest_sweeps(runs) -> set[str]:
     """Run ids of the most recent load sweep (parent run) of each experiment among `runs`."""
     latest: dict[str, Any] = {}
@@ -108,12 +126,13 @@ def _latest_sweeps(runs) -> set[str]:
 
 
 def collect_study(experiment: str | Sequence[str], quality_metric: str | None = None, latest: bool = False) -> Study:
-    """Read every run of MLflow experiment(s) `experiment` into a Study (load summary, points, quality, join).
+    """Read every run of MLflow experiment(s) `experiment` into a Study (load summary, points, quality, join,
+    and the personalization-study runs: `studies.collect_study_runs`).
 
     Several experiments can be read together, e.g. a load sweep and the quality study whose
     evaluation runs give the Pareto plots their quality axis. With `latest`, only the most recent
-    sweep of each experiment is read (re-running a sweep otherwise puts both runs of every series
-    in the figures); quality runs are all kept.
+    sweep and study run of each experiment is read (re-running otherwise shows both runs side by
+    side); the quality runs the join draws on are all kept.
     """
     quality_metric = quality_metric or default_quality_metric()
     import pandas as pd
@@ -130,6 +149,7 @@ def collect_study(experiment: str | Sequence[str], quality_metric: str | None = 
         exp_ids.append(exp.experiment_id)
     runs = client.search_runs(exp_ids, max_results=10000)
     keep = _latest_sweeps(runs) if latest else None
+    sweeps = _sweep_labels(runs)
     summary, points, quality, parents = [], [], [], []
     for r in runs:
         t, m = r.data.tags, r.data.metrics
@@ -140,6 +160,7 @@ def collect_study(experiment: str | Sequence[str], quality_metric: str | None = 
                 continue
         if stage == names.STAGE_LOAD:
             row = _summary_row(r)
+            row["sweep"] = sweeps.get(t.get("mlflow.parentRunId", ""), "")
             summary.append(row)
             if r.info.status == "FINISHED":
                 for p in _metric_history_points(client, r):
@@ -149,6 +170,7 @@ def collect_study(experiment: str | Sequence[str], quality_metric: str | None = 
             parents.append({
                 "name": t.get("mlflow.runName", ""), "run_id": r.info.run_id, "status": r.info.status,
                 "commit": t.get(names.TAG_GIT_COMMIT, "unknown"), "slo_source": t.get(names.TAG_SLO_SOURCE, ""),
+                "cpu": t.get(names.TAG_CPU, ""),
                 "start": _dt.datetime.fromtimestamp(r.info.start_time / 1000).isoformat(timespec="seconds"),
                 "config": _load_artifact_dict(client, r.info.run_id, "config.json"),
                 "environment": _load_artifact_dict(client, r.info.run_id, "environment.json"),
@@ -164,8 +186,9 @@ def collect_study(experiment: str | Sequence[str], quality_metric: str | None = 
     points_df = pd.DataFrame(points)
     quality_df = pd.DataFrame(quality)
     joined, not_joined = join_quality(summary_df, quality_df, quality_metric)
+    studies = collect_study_runs(client, runs, latest, lambda rid, path: _load_artifact_dict(client, rid, path))
     return Study(", ".join(exp_names), uri, summary_df, points_df, quality_df, joined, not_joined,
-                 sorted(parents, key=lambda p: p["start"]))  # fmt: skip
+                 sorted(parents, key=lambda p: p["start"]), studies, latest)  # fmt: skip
 
 
 def _summary_row(r) -> dict:
@@ -195,6 +218,7 @@ def join_quality(summary, quality, quality_metric: str | None = None):
         return summary.copy(), []
     joined = summary.copy()
     joined[quality_metric] = math.nan
+    label = keyed(summary)["series"]  # the note names the run as the figures do (engine · dtype · ...)
     notes: list[str] = []
     qrows = quality.to_dict("records") if len(quality) else []
     for i, row in joined.iterrows():
@@ -215,7 +239,7 @@ def join_quality(summary, quality, quality_metric: str | None = None):
             joined.at[i, quality_metric] = float(matches[-1][quality_metric])
         else:
             why = "; ".join(reasons) if reasons else "no quality run on this checkpoint"
-            notes.append(f"{row['series']} / {row['method']} / {row['workload']}: not joined ({why})")
+            notes.append(f"{label[i]} / {row['method']} / {row['workload']}: not joined ({why})")
     return pd.DataFrame(joined), notes
 
 
@@ -238,8 +262,14 @@ def common_rate_p99(points, summary) -> tuple[float, dict[str, float]]:
 
 
 def figures(study: Study, quality_metric: str | None = None) -> dict[str, Any]:
-    """The report's figures by title: per workload latency/throughput/cost, then the Pareto plots."""
-    quality_metric = quality_metric or default_quality_metric()
+    """The report's figures by title: the study's, per workload latency/throughput/cost, then the Pareto plots."""
+    from workbench.report import studies
+
+    return {**studies.figures(study.studies), **load_figures(study), **join_figures(study, quality_metric)}
+
+
+def load_figures(study: Study) -> dict[str, Any]:
+    """Per workload: latency vs achieved QPS, achieved vs offered, $ per 1M; one series per run."""
     from workbench.load import plots
 
     figs: dict[str, Any] = {}
@@ -248,99 +278,257 @@ def figures(study: Study, quality_metric: str | None = None) -> dict[str, Any]:
         return figs
     fin = s[s["status"] == "FINISHED"]
     for wl, g in fin.groupby("workload", sort=False):
+        g = keyed(g)
         pts = study.points[study.points["workload"] == wl] if len(study.points) else study.points
         slo = float(g["slo_ms"].dropna().iloc[0]) if g["slo_ms"].notna().any() else None
         if len(pts):
-            pts = _series_with_method(pts)
+            pts = pts.assign(series=pts["run_id"].map(dict(zip(g["run_id"], g["series"]))))
             t1, t2 = f"{wl}: latency vs achieved QPS", f"{wl}: throughput vs offered rate"
             figs[t1] = plots.latency_vs_qps(pts, slo, title=t1)
             figs[t2] = plots.throughput_vs_offered(pts, title=f"{wl}: achieved vs offered")
-        figs[f"{wl}: cost per 1M requests"] = plots.cost_bars(_series_with_method(g), title=f"{wl}: $ per 1M requests")
-    j = study.joined
-    if len(j) and quality_metric in j and j[quality_metric].notna().any():
-        rate, p99 = common_rate_p99(study.points, j)
-        jj = j.copy()
-        jj["e2e_p99_ms"] = jj["run_id"].map(p99)
-        figs["quality vs cost"] = plots.quality_pareto(jj, quality_metric, "usd_per_1m", "USD per 1M requests")
-        figs["quality vs p99 latency"] = plots.quality_pareto(jj, quality_metric, "e2e_p99_ms",
-                                                              f"p99 latency at {rate:.3g} req/s (ms)")  # fmt: skip
+        figs[f"{wl}: cost per 1M requests"] = plots.cost_bars(g, title=f"{wl}: $ per 1M requests")
     return figs
 
 
-def _series_with_method(df):
-    df = df.copy()
-    if df["method"].nunique() > 1:
-        df["series"] = df["series"] + " · " + df["method"].astype(str)
+def join_figures(study: Study, quality_metric: str | None = None) -> dict[str, Any]:
+    """Quality vs $ per 1M requests and vs p99 latency (the quality-vs-cost front), where quality joined."""
+    quality_metric = quality_metric or default_quality_metric()
+    from workbench.load import plots
+
+    j = study.joined
+    if not (len(j) and quality_metric in j and j[quality_metric].notna().any()):
+        return {}
+    rate, p99 = common_rate_p99(study.points, j)
+    jj = keyed(j[j[quality_metric].notna()])
+    jj["e2e_p99_ms"] = jj["run_id"].map(p99)
+    return {"quality vs cost": plots.quality_pareto(jj, quality_metric, "usd_per_1m", "USD per 1M requests"),
+            "quality vs p99 latency": plots.quality_pareto(jj, quality_metric, "e2e_p99_ms",
+                                                           f"p99 latency at {rate:.3g} req/s (ms)")}  # fmt: skip
+
+
+def _short_paths(paths: Sequence[str]) -> list[str]:
+    """The part of each path that differs from the others: a checkpoint's own folder, not the long common path."""
+    parts = [str(p).strip("/").split("/") if p else [""] for p in paths]
+    if len(set(map(tuple, parts))) < 2:
+        return [ps[-1] for ps in parts]
+    lead = 0
+    while all(len(ps) > lead + 1 for ps in parts) and len({ps[lead] for ps in parts}) == 1:
+        lead += 1
+    trail = 0
+    while all(len(ps) > lead + trail + 1 for ps in parts) and len({ps[-1 - trail] for ps in parts}) == 1:
+        trail += 1
+    return ["/".join(ps[lead:len(ps) - trail]) for ps in parts]
+
+
+def keyed(runs):
+    """A copy of one-row-per-load-run `runs` whose `series` names each run by every tag that tells it apart."""
+    from workbench.load import plots
+
+    df = runs.copy()
+    if len(df) and "checkpoint" in df:
+        full = df["checkpoint"].tolist()
+        df["checkpoint"] = _short_paths(df["checkpoint"].fillna("").astype(str).tolist())
+        df["series"] = plots.series_labels(df)
+        df["checkpoint"] = full
+    elif len(df):
+        df["series"] = plots.series_labels(df)
     return df
 
 
 # ---- HTML ----------------------------------------------------------------------------------------------
 
+# Tables scroll inside their own box (never widen the page); long ones also scroll down with the header kept.
 _CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1200px;color:#222}
-table{border-collapse:collapse;font-size:13px;margin:1em 0}th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}
-th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}pre{background:#f7f7f7;padding:1em;overflow:auto;
-font-size:12px;max-height:30em}h2{border-bottom:1px solid #ddd;padding-bottom:4px;margin-top:2em}.note{color:#555}
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em auto;max-width:1200px;padding:0 1em;color:#222}
+.tbl{overflow-x:auto;width:fit-content;max-width:100%;margin:1em 0}.tbl.tall{max-height:34em;overflow-y:auto}
+table{border-collapse:collapse;font-size:13px}th,td{border:1px solid #ccc;padding:3px 8px;text-align:right;
+white-space:nowrap}th{background:#f3f3f3;position:sticky;top:0;white-space:normal;min-width:4em}
+td:first-child,th:first-child{text-align:left}.kv td{white-space:normal;text-align:left;overflow-wrap:anywhere}
+pre{background:#f7f7f7;padding:1em;overflow:auto;font-size:12px;max-height:30em}
+h2{border-bottom:1px solid #ddd;padding-bottom:4px;margin-top:2em}.note{color:#555}.fig{max-width:100%;overflow:hidden}
+nav ul{font-size:14px}code{overflow-wrap:anywhere}
 """
 
 _SUMMARY_COLS = ["series", "method", "workload", "mode", "dtype", "transport", "unloaded_p50_ms", "slo_ms",
                  "saturation_qps", "usd_per_1m", "relative_cost", "relative_cost_method", "client_cpu_share_max",
                  "status"]  # fmt: skip
+_TALL = 15  # rows above which a table also scrolls vertically
 
 
 def _table(df, cols=None, floatfmt="{:.4g}") -> str:
     if df is None or len(df) == 0:
         return "<p class='note'>(none)</p>"
     d = df[[c for c in (cols or df.columns) if c in df.columns]].copy()
-    return d.to_html(index=False, escape=True, na_rep="-", float_format=lambda x: floatfmt.format(x), border=0)
+    tall = " tall" if len(d) > _TALL else ""
+    body = d.to_html(index=False, escape=True, na_rep="-", float_format=lambda x: floatfmt.format(x), border=0)
+    return f"<div class='tbl{tall}'>{body}</div>"
 
 
-def render_html(study: Study, quality_metric: str | None = None) -> str:
-    import plotly.io as pio
-    quality_metric = quality_metric or default_quality_metric()
+def _kv(rows: list[tuple[str, str]]) -> str:
+    """A two-column key/value table (run facts); values escaped."""
+    cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows if v)
+    return f"<div class='tbl'><table class='kv'>{cells}</table></div>"
 
-    figs = figures(study, quality_metric)
-    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(study.experiment)}</title>",
-             f"<style>{_CSS}</style></head><body>", f"<h1>Workbench report: {html.escape(study.experiment)}</h1>",
-             f"<p class='note'>Generated {_dt.datetime.now().isoformat(timespec='seconds')} from MLflow store "
-             f"<code>{html.escape(study.tracking_uri)}</code>. Saturation QPS = the highest achieved rate whose p99 is "
-             "inside the SLO with no failures; $ per 1M = hourly price / (saturation QPS x 3600) x 1e6.</p>",
-             ]  # fmt: skip
-    parts.append("<h2>Summary</h2>")
-    parts.append(_table(study.summary, _SUMMARY_COLS))
+
+def _details(title: str, obj) -> str:
+    if not obj:
+        return ""
+    body = html.escape(json.dumps(obj, indent=2))
+    return f"<details><summary>{html.escape(title)}</summary><pre>{body}</pre></details>"
+
+
+class _Figures:
+    """Renders figures in page order, embedding plotly.js once (with the first) so the file opens offline."""
+
+    def __init__(self) -> None:
+        self.first = True
+
+    def __call__(self, figs: dict[str, Any]) -> str:
+        import plotly.io as pio
+
+        parts = []
+        for title, fig in figs.items():
+            parts.append(f"<h3>{html.escape(title)}</h3><div class='fig'>")
+            parts.append(pio.to_html(fig, include_plotlyjs=self.first, full_html=False, default_height=480,
+                                     config={"responsive": True, "displaylogo": False}))  # fmt: skip
+            parts.append("</div>")
+            self.first = False
+        return "\n".join(parts)
+
+
+def _study_html(study: Study, draw: _Figures) -> list[str]:
+    from workbench.report import studies as st
+
+    sr = study.studies
+    figs = st.figures(sr)
+    n = len(sr.runs)
+    parts = ["<h2 id='study'>Personalization study</h2>",
+             f"<p class='note'>{n} study run{'s' if n > 1 else ''}"
+             + (" (the most recent of each experiment)" if study.latest else "")
+             + ("; the tables tell them apart by the <code>study</code> column (<code>--latest</code> keeps the most "
+                "recent)" if n > 1 and not study.latest else "") + ". Every number is a mean over seeds and test "
+             "users with its seeds-then-users paired bootstrap 95% interval (seen items banned); a difference "
+             "marked * has an interval that excludes 0.</p>"]  # fmt: skip
+    if sr.table is None or len(sr.table) == 0:
+        parts.append("<p class='note'>No comparison table: no study run here finished its evaluate stage.</p>")
+    parts += ["<h3 id='study-quality'>Quality (vs none and the baselines)</h3>", _table(st.quality_rows(sr))]
+    parts.append(draw({k: v for k, v in figs.items() if k == "study: test quality per method"}))
+    parts += ["<h3 id='study-seeds'>Per-seed values</h3>",
+              "<p class='note'>One row per evaluation run (method x training seed x signal) and baseline run.</p>",
+              _table(st.per_seed_rows(sr))]
+    parts.append("<h3 id='study-curves'>Learning curves</h3>")
+    parts.append(draw({k: v for k, v in figs.items() if "validation NDCG@10" in k})
+                 or "<p class='note'>No train runs with per-epoch validation metrics.</p>")
+    parts.append("<h3 id='study-ablation'>User-signal ablation (own vs shuffled vs zeroed)</h3>")
+    abl = st.ablation_rows(sr)
+    parts.append(_table(abl) if len(abl) else "<p class='note'>No ablation runs (evaluation.signal_ablation off).</p>")
+    parts.append(draw({k: v for k, v in figs.items() if k == "study: what the user signal carries"}))
+    parts += ["<h3 id='study-cost'>Prompt length and cost</h3>", _table(st.cost_rows(sr))]
+    parts.append(draw({k: v for k, v in figs.items() if k == "study: quality vs prompt length"}))
+    parts += ["<h3 id='study-sids'>Semantic IDs: codebook statistics</h3>", _table(st.sid_table(sr))]
+    parts.append(draw({k: v for k, v in figs.items() if k == "study: SID codebook utilization"}))
+    parts.append("<h3 id='study-runs'>Study runs: config, commit, CPU, versions</h3>")
+    for r in sr.runs:
+        parts.append(f"<h4>{html.escape(r['label'])}</h4>")
+        env = r.get("environment") or {}
+        hw = env.get("hardware") or {}
+        parts.append(_kv([
+            ("run", f"{r['run_id']} ({r['status']}, started {r['start']}, {r['children']} child runs)"),
+            ("experiment file", r["experiment_file"]), ("dataset", r["dataset"]), ("stages", r["stages"]),
+            ("commit", r["commit"]), ("commits of child runs", ", ".join(r["child_commits"])),
+            ("CPU", r["cpu"]),
+            ("machine", ", ".join(f"{k} {v}" for k, v in hw.items() if k not in ("cpu_model", "cpu_flags"))),
+            ("config hash", r["config_hash"]),
+        ]))  # fmt: skip
+        versions = env.get("versions") or {}
+        if versions:
+            parts.append(_table(_frame_of([{"package": k, "version": v} for k, v in versions.items()])))
+        parts += [_details("config.json", r.get("config")), _details("environment.json", env),
+                  _details("semantic_ids stage_config.json", r.get("sid_config")),
+                  _details("stages.json (cache keys, hits, timings)", r.get("stages_json"))]
+    return parts
+
+
+def _frame_of(rows: list[dict]):
+    import pandas as pd
+
+    return pd.DataFrame(rows)
+
+
+def _load_html(study: Study, draw: _Figures) -> list[str]:
+    parts = ["<h2 id='load'>Load sweeps</h2>",
+             "<p class='note'>Saturation QPS = the highest achieved rate whose p99 is inside the SLO with no failures; "
+             "$ per 1M = hourly price / (saturation QPS x 3600) x 1e6. A series is one run, named by every tag that "
+             "tells it apart from the others.</p>", "<h3 id='load-summary'>Summary</h3>",
+             _table(keyed(study.summary), _SUMMARY_COLS)]  # fmt: skip
     failed = study.summary[study.summary["status"] != "FINISHED"] if len(study.summary) else study.summary
     if len(failed):
         cols = ["series", "method", "workload", "status", "error"]
         parts.append("<h3>Runs that did not finish</h3>" + _table(failed, cols))
-    parts.append("<h2>Figures</h2>")
-    first = True
-    for title, fig in figs.items():
-        parts.append(f"<h3>{html.escape(title)}</h3>")
-        parts.append(pio.to_html(fig, include_plotlyjs=first, full_html=False, default_height=480))
-        first = False
-    if not figs:
-        parts.append("<p class='note'>No finished load runs in this experiment.</p>")
-    parts.append(f"<h2>Quality join ({html.escape(quality_metric)})</h2>")
-    parts.append(f"<p class='note'>Quality is joined to a load run only when {', '.join(JOIN_TAGS)} all match.</p>")
-    if len(study.joined) and quality_metric in study.joined:
-        parts.append(_table(study.joined[study.joined[quality_metric].notna()],
+    figs = load_figures(study)
+    parts.append(draw(figs) if figs else "<p class='note'>No finished load runs in this experiment.</p>")
+    parts.append("<h3 id='load-points'>Rate points</h3>")
+    pts = study.points
+    if len(pts):
+        k = keyed(study.summary)
+        pts = pts.assign(series=pts["run_id"].map(dict(zip(k["run_id"], k["series"]))))
+    parts.append(_table(pts, ["series", "method", "workload", "step", "offered_qps", "achieved_qps",
+                              "e2e_p50_ms", "e2e_p90_ms", "e2e_p99_ms", "ttft_p50_ms", "failures",
+                              "goodput_qps", "client_cpu_share", "loop_cpu_share"]))  # fmt: skip
+    parts.append("<h3 id='load-sweeps'>Sweeps: config, versions, hardware, commit</h3>")
+    for p in study.parents:
+        parts.append(f"<h4>{html.escape(p['name'])} <small>({html.escape(p['start'])}, run {p['run_id']}, "
+                     f"{html.escape(p['status'])})</small></h4>")  # fmt: skip
+        cpu = f"; CPU {html.escape(p['cpu'])}" if p.get("cpu") else ""
+        parts.append(f"<p>commit <code>{html.escape(p['commit'])}</code>{cpu}; SLO: {html.escape(p['slo_source'])}</p>")
+        for key in ("environment", "config"):
+            parts.append(_details(key, p.get(key)))
+    return parts
+
+
+def _join_html(study: Study, quality_metric: str, draw: _Figures) -> list[str]:
+    parts = [f"<h2 id='join'>Quality vs cost ({html.escape(quality_metric)})</h2>",
+             f"<p class='note'>Quality is joined to a load run only when {', '.join(JOIN_TAGS)} all match.</p>"]
+    figs = join_figures(study, quality_metric)
+    if figs:
+        parts.append(draw(figs))
+    elif not len(study.quality):
+        parts.append("<p class='note'>No quality runs here: add the study's experiment, e.g. "
+                     f"<code>workbench report --experiment STUDY,{html.escape(study.experiment)}</code>.</p>")
+    if len(study.joined) and quality_metric in study.joined and study.joined[quality_metric].notna().any():
+        parts.append(_table(keyed(study.joined[study.joined[quality_metric].notna()]),
                             ["series", "method", "mode", "dtype", quality_metric, "usd_per_1m",
                              "saturation_qps"]))  # fmt: skip
     if study.not_joined:
         parts.append("<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in study.not_joined) + "</ul>")
-    parts.append("<h2>Rate points</h2>")
-    parts.append(_table(study.points, ["series", "method", "workload", "step", "offered_qps", "achieved_qps",
-                                       "e2e_p50_ms", "e2e_p90_ms", "e2e_p99_ms", "ttft_p50_ms", "failures",
-                                       "goodput_qps", "client_cpu_share", "loop_cpu_share"]))  # fmt: skip
-    parts.append("<h2>Sweeps: config, versions, hardware, commit</h2>")
-    for p in study.parents:
-        parts.append(f"<h3>{html.escape(p['name'])} <small>({html.escape(p['start'])}, run {p['run_id']}, "
-                     f"{html.escape(p['status'])})</small></h3>")  # fmt: skip
-        parts.append(f"<p>commit <code>{html.escape(p['commit'])}</code>; SLO: {html.escape(p['slo_source'])}</p>")
-        for key in ("environment", "config"):
-            if p.get(key):
-                parts.append(f"<details><summary>{key}</summary><pre>{html.escape(json.dumps(p[key], indent=2))}</pre>"
-                             "</details>")  # fmt: skip
+    return parts
+
+
+def render_html(study: Study, quality_metric: str | None = None) -> str:
+    """The page: a section per kind of run the experiment(s) hold (study, load sweeps, their join)."""
+    quality_metric = quality_metric or default_quality_metric()
+    draw = _Figures()
+    has_study, has_load = bool(study.studies.runs), len(study.summary) > 0
+    toc = ([("study", "Personalization study")] if has_study else []) + (
+        [("load", "Load sweeps"), ("join", "Quality vs cost")] if has_load else [])  # fmt: skip
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(study.experiment)}</title>",
+             "<meta name='viewport' content='width=device-width, initial-scale=1'>",
+             f"<style>{_CSS}</style></head><body>", f"<h1>Workbench report: {html.escape(study.experiment)}</h1>",
+             f"<p class='note'>Generated {_dt.datetime.now().isoformat(timespec='seconds')} from MLflow store "
+             f"<code>{html.escape(study.tracking_uri)}</code>: {len(study.studies.runs)} study run(s), "
+             f"{len(study.parents)} load sweep(s) with {len(study.summary)} load run(s), {len(study.quality)} "
+             "quality run(s).</p>"]  # fmt: skip
+    if toc:
+        parts.append("<nav><ul>" + "".join(f"<li><a href='#{a}'>{html.escape(t)}</a></li>" for a, t in toc)
+                     + "</ul></nav>")
+    if has_study:
+        parts += _study_html(study, draw)
+    if has_load:
+        parts += _load_html(study, draw)
+        parts += _join_html(study, quality_metric, draw)
+    if not (has_study or has_load):
+        parts.append("<p class='note'>No study runs (<code>workbench run</code>) and no load runs "
+                     "(<code>workbench bench</code>) in this experiment.</p>")
     parts.append("</body></html>")
     return "\n".join(parts)
 

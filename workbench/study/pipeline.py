@@ -16,10 +16,10 @@ stages it depends on, so re-running is instant and changing any knob a stage dep
 it (and everything downstream).
 
 Tracking: one parent MLflow run per run of an experiment file (experiment name:
-`tracking.experiment` or the config's `name`), one child run per stage with its stats, timings
-and figures. A stage that raises ends its child and the parent FAILED; earlier children stay
-FINISHED with everything they logged. Asking for a later stage runs the stages it needs first
-(they are cache hits when nothing changed).
+`tracking.experiment` or the config's `name`; store: `tracking.uri` or the environment's), one
+child run per stage with its stats, timings and figures. A stage that raises ends its child and
+the parent FAILED; earlier children stay FINISHED with everything they logged. Asking for a later
+stage runs the stages it needs first (they are cache hits when nothing changed).
 """
 
 from __future__ import annotations
@@ -349,7 +349,18 @@ def _run_stage(ctx: StageContext, name: str, index: int, total: int) -> None:
 
 
 def run_experiment(cfg: StudyConfig, experiment_file: str | Path | None = None, stages=None) -> StageContext:
-    """Run `stages` (default: the config's) with a parent MLflow run and one child run per stage."""
+    """Run `stages` (default: the config's) with a parent MLflow run and one child run per stage.
+
+    Runs go to the config's `tracking.uri` when it has one (a team server), else to the store the
+    environment selects: entered here, once, so the CLI and the notebooks get it alike.
+    """
+    from workbench import tracking
+
+    with tracking.use(cfg.tracking.uri):
+        return _run_tracked(cfg, experiment_file, stages)
+
+
+def _run_tracked(cfg: StudyConfig, experiment_file: str | Path | None, stages) -> StageContext:
     from workbench import tracking
 
     order = resolve_stages(stages if stages else cfg.stages)

@@ -1,0 +1,243 @@
+"""Every kind of report, opened in a real browser: a study, a load sweep, and the two joined.
+
+The experiments are tiny real runs in a temporary MLflow store: the shared tiny study
+(`workbench.testing.TINY_STUDY_OVERRIDES`, trained and evaluated through the pipeline, with the
+user-signal ablation), two sweeps of the torch engine that differ only in dtype (the report must
+draw them as two series), and a sweep of the study's own trained checkpoints (its quality joins
+them: the quality-vs-cost front). Each report is opened in headless Chromium (Debian's
+`/usr/bin/chromium`, driven by Playwright; no browser is downloaded) and checked from the DOM:
+plotly loaded, every figure has traces and every trace drew SVG marks, lines join their points
+along the x axis, tables stay inside the page, no console error. A full-page screenshot of each
+is saved under the test's tmp folder and its path printed. Without Chromium or Playwright the
+browser checks skip and say why; the content checks still run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from workbench import names
+
+pytestmark = pytest.mark.timeout(300)
+CHROMIUM = Path("/usr/bin/chromium")
+KINDS = {"study": "browser_study", "load": "browser_load", "join": "browser_study,browser_study_load"}
+STUDY_FIGURES = ["study: test quality per method", "study: what the user signal carries",
+                 "study: quality vs prompt length", "study: validation NDCG@10 per epoch",
+                 "study: validation NDCG@10 vs training FLOPs", "study: SID codebook utilization"]  # fmt: skip
+
+
+def _tiny_study(tmp: Path) -> Path:
+    """experiments/quickstart.yaml with the shared tiny-study overrides (ablation on), trained and evaluated."""
+    from workbench.config import deep_merge, load_config
+    from workbench.paths import REPO_ROOT
+    from workbench.study.pipeline import run_experiment
+    from workbench.testing import TINY_STUDY_OVERRIDES
+
+    base = yaml.safe_load((REPO_ROOT / "experiments" / "quickstart.yaml").read_text())
+    cfg = deep_merge(base, {**TINY_STUDY_OVERRIDES, "name": "browser_study", "split": {"max_history": 50},
+                            "tracking": {"experiment": "browser_study"}})  # fmt: skip
+    cfg["evaluation"]["signal_ablation"] = True
+    path = tmp / "browser_study.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    run_experiment(load_config(path), path)
+    return path
+
+
+def _sweep(name: str, engines: list[dict], load: dict) -> None:
+    from workbench.config import parse_config
+    from workbench.load.bench import run_bench
+
+    cfg = parse_config({"name": name, "tracking": {"experiment": name}, "engines": engines,
+                        "load": {"rates": [3.0, 8.0], "requests_per_rate": 8, "warmup_requests": 1,
+                                 "unloaded_requests": 2, "slo_ms": 60000, **load},
+                        "cost": {"usd_per_hour": 1.0, "reference_engine": engines[0]["name"]}})  # fmt: skip
+    res = run_bench(cfg, progress=False)
+    assert [c.error for c in res.children] == [None] * len(res.children)
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory, bench_checkpoint, one_torch_thread):
+    """{kind: report path}, or {kind: None} where the study could not be built (no MovieLens wheel)."""
+    tmp = tmp_path_factory.mktemp("report_browser")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp)
+        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp / 'mlflow.db'}")
+        mp.setenv("WORKBENCH_MLRUNS_DIR", str(tmp / "mlruns"))
+        mp.setenv("WORKBENCH_DATA_DIR", str(tmp / "data"))
+        from workbench.report.html import collect_study, write_report
+
+        t0 = time.perf_counter()
+        beam = {"workload": "beam_search", "checkpoints": [str(bench_checkpoint)], "prompt_tokens": 16,
+                "beam_width": 4, "max_new_tokens": 3}  # fmt: skip
+        for dtype in ("float32", "bfloat16"):  # the same engine in two dtypes, two sweeps: two series
+            _sweep("browser_load", [{"name": "torch", "dtype": dtype}], beam)
+        kinds = dict(KINDS)
+        if importlib.util.find_spec("recbole") is None:  # MovieLens-100K ships in the recbole wheel
+            kinds = {"load": KINDS["load"]}
+        else:
+            study = _tiny_study(tmp)
+            _sweep("browser_study_load", [{"name": "torch"}],
+                   {"workload": "personalization", "study": str(study), "prompts_from": "test_split",
+                    "checkpoints": ["trained:none", "trained:soft_token"], "beam_width": 10, "max_new_tokens": 3,
+                    "constrained": True, "rates": [4.0]})  # fmt: skip
+        out = {k: write_report(e, tmp / "reports" / f"{k}.html") for k, e in kinds.items()}
+        print(f"\nbuilt {len(out)} reports from tiny real runs in {time.perf_counter() - t0:.0f}s")
+        yield {"paths": out, "studies": {k: collect_study(e.split(",")) for k, e in kinds.items()}, "tmp": tmp}
+
+
+def _need(reports, kind: str) -> Path:
+    if kind not in reports["paths"]:
+        pytest.skip("the tiny study needs MovieLens-100K from the recbole wheel: pip install --no-deps recbole==1.2.1")
+    return reports["paths"][kind]
+
+
+# ---- what the pages hold (no browser) ---------------------------------------------------------------
+
+
+def test_study_report_shows_what_the_study_logged(reports):
+    from workbench.report import html as report
+
+    path = _need(reports, "study")
+    s = reports["studies"]["study"]
+    sr = s.studies
+    assert len(sr.runs) == 1 and len(s.summary) == 0
+    methods = set(sr.table["method"])
+    assert {"popularity", "als", "sasrec", "none", "soft_token", "soft_token/shuffled",
+            "soft_token/zeroed"} <= methods  # fmt: skip
+    assert sr.table.set_index("method").loc["soft_token", f"vs_none/{names.ndcg_at(10)}_lo"] <= \
+        sr.table.set_index("method").loc["soft_token", f"vs_none/{names.ndcg_at(10)}"]
+    assert set(sr.per_seed["method"]) >= {"none", "soft_token", "soft_token/shuffled", "soft_token/zeroed", "sasrec"}
+    assert set(sr.curves["method"]) == {"none", "soft_token"} and sr.curves[names.TRAIN_FLOPS].gt(0).all()
+    assert {"n", "collision_rate", "utilization_l0"} <= set(sr.sid["statistic"])
+    run = sr.runs[0]
+    assert run["cpu"] and run["commit"] and run["config"]["name"] == "browser_study"
+    assert "torch" in run["environment"]["versions"] and "mlflow" in run["environment"]["versions"]
+    assert list(report.figures(s)) == STUDY_FIGURES
+    text = path.read_text()
+    for anchor in ("study-quality", "study-seeds", "study-curves", "study-ablation", "study-cost", "study-sids",
+                   "study-runs"):  # fmt: skip
+        assert f"id='{anchor}'" in text, anchor
+    assert "No finished load runs" not in text and "(none)" not in text
+    for col in ("ΔNDCG@10 vs none", "ΔNDCG@10 vs ALS", "ΔNDCG@10 vs SASRec", "ΔNDCG@10 vs own signal",
+                "prompt tokens (mean)", "train FLOPs", "ms/request", "collision_rate", run["cpu"]):
+        assert col in text, col
+
+
+def test_load_report_keys_series_by_dtype(reports):
+    from workbench.report import html as report
+
+    s = reports["studies"]["load"]
+    assert sorted(s.summary["dtype"]) == ["bfloat16", "float32"] and len(s.parents) == 2
+    figs = report.figures(s)
+    lat = next(f for t, f in figs.items() if t.endswith("latency vs achieved QPS"))
+    assert sorted(t.name for t in lat.data) == ["torch · bfloat16 p50", "torch · bfloat16 p99",
+                                                "torch · float32 p50", "torch · float32 p99"]  # fmt: skip
+    cost = next(f for t, f in figs.items() if t.endswith("cost per 1M requests"))
+    assert sorted(x for t in cost.data for x in t.x) == ["torch · bfloat16", "torch · float32"]
+
+
+def test_join_report_draws_the_quality_cost_front(reports):
+    from workbench.report import html as report
+
+    _need(reports, "join")
+    s = reports["studies"]["join"]
+    assert s.not_joined == [] and s.joined[report.default_quality_metric()].notna().all()
+    figs = report.figures(s)
+    assert set(STUDY_FIGURES) <= set(figs) and {"quality vs cost", "quality vs p99 latency"} <= set(figs)
+
+
+# ---- in the browser ---------------------------------------------------------------------------------
+
+# Per figure: its title, traces, and per trace how many visible SVG marks it drew (plotly keeps the trace
+# index on each `g.trace` it draws), and the x of a line trace in drawing order. A visible mark has an area
+# (a bar of NaN height is a 0-px-high path: drawn, but nothing to see), except a line's stroke, which may be
+# flat, and text, which counts when it says something.
+_INSPECT = """() => [...document.querySelectorAll('.js-plotly-plot')].map(el => {
+  const visible = n => {
+    const b = n.getBBox();
+    if (n.tagName === 'text') return n.textContent.trim() !== '' && b.width > 0 && b.height > 0;
+    if (n.classList.contains('js-line')) return b.width > 0 || b.height > 0;
+    return b.width > 0 && b.height > 0;
+  };
+  const drawn = {};
+  for (const g of el.querySelectorAll('.cartesianlayer g.trace')) {
+    const cd = g.__data__, i = cd && cd[0] && cd[0].trace ? cd[0].trace.index : -1;
+    drawn[i] = (drawn[i] || 0) + [...g.querySelectorAll('path, text')].filter(visible).length;
+  }
+  const h = el.closest('.fig') && el.closest('.fig').previousElementSibling;
+  return {title: h ? h.textContent : '', traces: el.data.length,
+          names: el._fullData.map(t => t.name),
+          drawn: el._fullData.map((t, i) => drawn[i] || 0),
+          lines: el._fullData.map((t, i) => t.type === 'scatter' && t.mode.includes('lines')
+                                  ? el.calcdata[i].map(p => p.x).filter(Number.isFinite) : null)};
+})"""
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM.exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install -y chromium (.ci/run installs it)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("playwright is not installed: pip install -e '.[test]' (it drives the system Chromium)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=["--disable-gpu"])
+        yield b
+        b.close()
+
+
+def open_report(browser, path: Path, shot: Path, width: int = 1280) -> dict:
+    """Open a report in Chromium, wait for plotly to draw every figure; its figures, errors and page width."""
+    page = browser.new_page(viewport={"width": width, "height": 900})
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+    try:
+        page.goto(path.resolve().as_uri(), wait_until="load")
+        expected = path.read_text().count("Plotly.newPlot(")
+        page.wait_for_function(
+            """n => window.Plotly && document.querySelectorAll('.js-plotly-plot').length === n &&
+                   [...document.querySelectorAll('.js-plotly-plot')].every(el => el._fullLayout && el.calcdata)""",
+            arg=expected, timeout=30_000)  # fmt: skip
+        figs = page.evaluate(_INSPECT)
+        scroll_w, inner_w = page.evaluate("() => [document.documentElement.scrollWidth, window.innerWidth]")
+        page.screenshot(path=str(shot), full_page=True)
+    finally:
+        page.close()
+    return {"expected": expected, "figures": figs, "errors": errors, "scroll_width": scroll_w, "width": inner_w}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_report_draws_in_chromium(reports, browser, kind):
+    path = _need(reports, kind)
+    t0 = time.perf_counter()
+    shot = reports["tmp"] / f"{kind}.png"
+    got = open_report(browser, path, shot)
+    figs = got["figures"]
+    assert got["errors"] == [], got["errors"]
+    assert len(figs) == got["expected"] > 0
+    for f in figs:
+        assert f["traces"] >= 1, f"{f['title']}: no trace"
+        blank = [n for n, d in zip(f["names"], f["drawn"]) if d == 0]
+        assert not blank, f"{f['title']}: traces that drew nothing: {blank}"
+        for name, xs in zip(f["names"], f["lines"]):
+            assert xs is None or xs == sorted(xs), f"{f['title']}: {name} zig-zags: x in drawing order {xs}"
+    assert got["scroll_width"] <= got["width"], f"page {got['scroll_width']} px wide in a {got['width']} px window"
+    titles = [f["title"] for f in figs]
+    if kind in ("study", "join"):
+        assert set(STUDY_FIGURES) <= set(titles)
+    if kind == "join":
+        assert {"quality vs cost", "quality vs p99 latency"} <= set(titles)
+    if kind == "load":
+        lat = next(f for f in figs if f["title"].endswith("latency vs achieved QPS"))
+        assert {"torch · float32 p99", "torch · bfloat16 p99"} <= set(lat["names"])
+    assert shot.stat().st_size > 10_000
+    print(f"\n{kind}: {len(figs)} figures, {sum(f['traces'] for f in figs)} traces drawn, no console errors, "
+          f"{time.perf_counter() - t0:.1f}s in Chromium; screenshot {shot}")
+
