@@ -52,24 +52,57 @@ def _empty(folder: Path) -> None:
 
 def cached(kind: str, key: str, compute: Callable[[Path], tuple[T, dict]],
            load: Callable[[Path, dict], T], say: Callable[[str], Any] = print,
-           resumable: bool = False) -> tuple[T, dict, bool]:
-    """`(value, info, hit)` for the entry `<kind>/<key>`: loaded when complete, else computed and stored."""
+           resumable: bool = False, collective: bool = False) -> tuple[T, dict, bool]:
+    """`(value, info, hit)` for the entry `<kind>/<key>`: loaded when complete, else computed and stored.
+
+    Under torchrun (`workbench.dist`) every rank calls this and only rank 0 writes: rank 0 decides hit or
+    miss (and clears a stale entry) before anyone goes on, so the ranks agree. On a miss rank 0 computes
+    while the others wait at a barrier, then they load its entry. `collective=True` is for a compute that
+    every rank takes part in (training, sharded evaluation) and that writes its files on rank 0 only: all
+    ranks compute, and the others still return what rank 0 stored, so every rank holds the same value.
+    """
+    from workbench import dist
+
     folder = cache_dir(kind, key)
-    info = read_done(folder)
-    if info is not None:
-        try:
-            value = load(folder, info)
-        except (OSError, ValueError, KeyError) as err:
-            say(f"  cache {kind}/{key}: stored entry unreadable ({type(err).__name__}: {err}); recomputing")
-        else:
-            say(f"  cache hit {kind}/{key}")
-            return value, info, True
-    if any(folder.iterdir()):
+    main = dist.is_main()
+    found = _stored(kind, key, folder, load, say) if main else None
+    if main and found is None and any(folder.iterdir()):
         if resumable:
             say(f"  cache {kind}/{key}: incomplete entry kept for resuming")
         else:
             _empty(folder)  # a half-written or corrupt entry: start clean
-    value, info = compute(folder)
-    mark_done(folder, info)
-    say(f"  cache stored {kind}/{key}")
+    if dist.broadcast(found is not None):  # rank 0's answer on every rank (one process: its own)
+        value, info = found if main else _stored_by_rank0(folder, load)
+        return value, info, True
+    if main or collective:
+        value, info = compute(folder)
+    if main:
+        mark_done(folder, info)
+        say(f"  cache stored {kind}/{key}")
+    dist.barrier()
+    if not main:
+        value, info = _stored_by_rank0(folder, load)
     return value, info, False
+
+
+def _stored(kind: str, key: str, folder: Path, load, say) -> tuple[Any, dict] | None:
+    """The complete entry's (value, info), or None (missing, incomplete, or unreadable: then said so)."""
+    info = read_done(folder)
+    if info is None:
+        return None
+    try:
+        value = load(folder, info)
+    except (OSError, ValueError, KeyError) as err:
+        say(f"  cache {kind}/{key}: stored entry unreadable ({type(err).__name__}: {err}); recomputing")
+        return None
+    say(f"  cache hit {kind}/{key}")
+    return value, info
+
+
+def _stored_by_rank0(folder: Path, load) -> tuple[Any, dict]:
+    """What rank 0 stored (another rank reads it: the data folder must be one that every rank sees)."""
+    info = read_done(folder)
+    if info is None:
+        raise RuntimeError(f"{folder}: rank 0 stored this cache entry, but this rank does not see it; every rank "
+                           f"needs the same WORKBENCH_DATA_DIR (one shared folder across hosts)")
+    return load(folder, info), info

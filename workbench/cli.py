@@ -12,6 +12,7 @@ bug and keeps its traceback (exit 1).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -60,6 +61,10 @@ def _cmd_run(args) -> int:
         overrides["training"] = {"seeds": args.seeds}
     overrides.update(_tracking_override(args))
     cfg = load_study(args.file, overrides=overrides or None)
+    from workbench import dist
+
+    if not dist.world().is_main:  # under torchrun (joins the ranks here): one console, rank 0's; errors still show
+        sys.stdout = open(os.devnull, "w")
     run_experiment(cfg, experiment_file=args.file, stages=args.stages)
     return 0
 

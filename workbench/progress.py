@@ -24,10 +24,13 @@ def stderr_is_terminal() -> bool:
 
 def progress(iterable: Iterable | None = None, *, total: int | None = None, desc: str = "", unit: str = "it",
              enabled: bool = True, leave: bool = False):
-    """A tqdm bar on a terminal, `_Lines` elsewhere, `_Quiet` when disabled (same small interface)."""
+    """A tqdm bar on a terminal, `_Lines` elsewhere, `_Quiet` when disabled (same small interface) or on
+    any torchrun rank but rank 0 (one console, not N interleaved bars; `workbench.dist`)."""
+    from workbench import dist
+
     if total is None and iterable is not None and hasattr(iterable, "__len__"):
         total = len(iterable)
-    if not enabled:
+    if not enabled or not dist.is_main():
         return _Quiet(iterable)
     if stderr_is_terminal():
         from tqdm.auto import tqdm

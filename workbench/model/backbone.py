@@ -409,7 +409,7 @@ def apply_trainable(model, spec: str, layout: SidLayout, projector=None) -> list
         mask[layout.base_vocab_size :] = 1.0
         for w in {id(emb): emb, **({id(out.weight): out.weight} if out is not None else {})}.values():
             w.requires_grad_(True)
-            model._wb_grad_hooks.append(w.register_hook(lambda g, m=mask: g * m.to(g.dtype)))
+            model._wb_grad_hooks.append(w.register_hook(lambda g, m=mask: g * m.to(g.device, g.dtype)))  # GPU ranks too
     else:
         raise BackboneError(f"unknown model.trainable {spec!r}; use all, new_tokens or last_<n>")
     decay, no_decay, seen = [], [], set()

@@ -16,6 +16,10 @@ Conventions (one held-out item per user):
 Also here: the unconstrained SID validity share (beams that are real items without the trie),
 exhaustive ranking with `score` (every catalog item scored: separates search error from model
 error), re-ranking given candidates (SASRec's top-100) with `score`, and per-request latency.
+
+Under torchrun (`workbench.dist`) `beam_rank` deals its batches of users to the ranks and gathers the
+lists on every rank; a batch goes to the engine whole, as in one process, so every user's list is the one
+a single process computes. The single-request latency is timed on rank 0 alone (no other rank's load).
 """
 
 from __future__ import annotations
@@ -163,33 +167,41 @@ def beam_rank(
     desc: str = "beam search",
     progress: bool = True,
 ) -> BeamRanking:
-    """Beam search every prompt through `engine`; beams -> items (best first)."""
+    """Beam search every prompt through `engine`; beams -> items (best first).
+
+    Under torchrun a collective (every rank calls it with the same prompts): the batches of `batch_size`
+    users are dealt to the ranks round-robin (`dist.shard`) and every rank returns the whole result."""
+    from workbench import dist
     from workbench.engines.base import BeamSearchRequest
     from workbench.progress import progress as progress_bar
 
     depth = catalog.depth
-    lists: list[list[int]] = []
-    lat, errors = [], []
-    n_beams = n_valid = 0
-    bar = progress_bar(total=len(prompts), desc=desc, unit="user", enabled=progress)
-    for s in range(0, len(prompts), batch_size):
+    mine = dist.shard(range(0, len(prompts), batch_size))  # starts of this rank's batches (one process: all)
+    bar = progress_bar(total=sum(min(batch_size, len(prompts) - s) for s in mine), desc=desc, unit="user",
+                       enabled=progress)
+    done: dict[int, tuple] = {}
+    for s in mine:
         reqs = []
         for i in range(s, min(len(prompts), s + batch_size)):
             banned = tuple(int(x) for x in prompts.seen[i]) if (ban_seen and constrained and prompts.seen) else ()
             reqs.append(BeamSearchRequest(prompts.engine_prompt(i), beam_width, depth, constrained, banned))
-        results = run_sync(engine.beam_search(reqs))
-        for r in results:
-            if not r.success:
-                errors.append(r.error or "unknown error")
-                lists.append([])
-                continue
-            items = [catalog.item_of(b.token_ids) for b in r.beams]
-            n_beams += len(items)
-            n_valid += sum(it is not None for it in items)
-            lists.append(dedup_cut(items, beam_width))
-            lat.append(r.timings.e2e_s)
+        done[s] = run_sync(engine.beam_search(reqs))
         bar.update(len(reqs))
     bar.close()
+    lists: list[list[int]] = []
+    lat, errors = [], []
+    n_beams = n_valid = 0
+    results = [r for s, rs in sorted(kv for part in dist.gather(done) for kv in part.items()) for r in rs]
+    for r in results:
+        if not r.success:
+            errors.append(r.error or "unknown error")
+            lists.append([])
+            continue
+        items = [catalog.item_of(b.token_ids) for b in r.beams]
+        n_beams += len(items)
+        n_valid += sum(it is not None for it in items)
+        lists.append(dedup_cut(items, beam_width))
+        lat.append(r.timings.e2e_s)
     if errors and len(errors) == len(prompts):
         raise RuntimeError(f"every beam-search request failed; first error: {errors[0]}")
     return BeamRanking(lists, np.asarray(lat), n_valid / max(1, n_beams), len(errors), errors[:5])
@@ -251,6 +263,15 @@ def request_latency(engine, prompts, catalog, beam_width: int, n: int = 20) -> f
     return 1000.0 * float(np.mean(times))
 
 
+def device_options() -> dict:
+    """Engine options for this rank's device: none in one process (the engine's CPU default), its own GPU
+    for a GPU rank under torchrun (`dist.device`)."""
+    from workbench import dist
+
+    device = dist.device()
+    return {} if device == "cpu" else {"device": device}
+
+
 @dataclass
 class EvalSettings:
     ks: tuple[int, ...] = names.KS
@@ -275,13 +296,15 @@ def evaluate_checkpoint(
 
     Returns {"beam": Quality, "exhaustive": Quality | None, "rerank": Quality | None, "metrics": {...}}.
     """
+    from workbench import dist
     from workbench.model.checkpoint import read_meta
     from workbench.engines import registry
     from workbench.sids.layout import Catalog
 
+    nan = float("nan")  # a value only rank 0 measures, on the others (whose results only rank 0 stores)
     meta = read_meta(checkpoint)
     catalog = Catalog(np.load(f"{checkpoint}/catalog.npz")["item_codes"], meta.layout)
-    engine = registry.create_engine(engine_name, checkpoint=str(checkpoint), dtype=dtype)
+    engine = registry.create_engine(engine_name, checkpoint=str(checkpoint), dtype=dtype, **device_options())
     try:
         m = prompts.method
         br = beam_rank(engine, prompts, catalog, settings.beam_width, True, True, settings.batch_size,
@@ -297,7 +320,7 @@ def evaluate_checkpoint(
                            settings.batch_size, desc=f"{m}: unconstrained", progress=settings.progress)
             metrics[names.SID_VALIDITY] = ur.valid_share
         metrics["latency/request_mean_ms"] = request_latency(engine, prompts, catalog, settings.beam_width,
-                                                             settings.latency_requests)
+                                                             settings.latency_requests) if dist.is_main() else nan
         out: dict[str, Any] = {"beam": beam, "exhaustive": None, "rerank": None}
         if settings.exhaustive:
             allc = [np.arange(catalog.n_items)] * len(prompts)

@@ -20,6 +20,10 @@ Tracking: one parent MLflow run per run of an experiment file (experiment name:
 child run per stage with its stats, timings and figures. A stage that raises ends its child and
 the parent FAILED; earlier children stay FINISHED with everything they logged. Asking for a later
 stage runs the stages it needs first (they are cache hits when nothing changed).
+
+Under torchrun (`workbench.dist`) every rank runs the same stages in the same order; rank 0 alone
+creates the runs and writes the caches, the other ranks run untracked beside it (training and
+evaluation are shared, everything else they read from rank 0's cache entries).
 """
 
 from __future__ import annotations
@@ -352,10 +356,15 @@ def run_experiment(cfg: StudyConfig, experiment_file: str | Path | None = None, 
     """Run `stages` (default: the config's) with a parent MLflow run and one child run per stage.
 
     Runs go to the config's `tracking.uri` when it has one (a team server), else to the store the
-    environment selects: entered here, once, so the CLI and the notebooks get it alike.
+    environment selects: entered here, once, so the CLI and the notebooks get it alike. Under torchrun
+    only rank 0 logs; the other ranks run the same stages untracked, in step with it.
     """
-    from workbench import tracking
+    from workbench import dist, tracking
 
+    if not dist.is_main():
+        ctx = prepare_context(cfg, stages if stages else cfg.stages)
+        ctx.experiment_file = str(experiment_file) if experiment_file else None
+        return ctx
     with tracking.use(cfg.tracking.uri):
         return _run_tracked(cfg, experiment_file, stages)
 

@@ -11,6 +11,8 @@ Caching (resume after an interruption; `workbench.cache.cached`): every trained 
 `resume.pt` holds the state after the last finished epoch, so a stopped run resumes there), every evaluation in
 `data/cache/eval/<key>/`, SASRec in `data/cache/sasrec/<key>/`. Keys hash the config sections a
 step reads plus the upstream stage keys, so a changed knob recomputes exactly what depends on it.
+Under torchrun (`workbench.dist`) rank 0 writes every entry; training and evaluation entries are computed
+by all ranks together (`cached(..., collective=True)`), SASRec by rank 0 while the others wait for it.
 """
 
 from __future__ import annotations
@@ -121,7 +123,9 @@ def train_one(cfg, inp: StudyInputs, method: str, seed: int, lr: float, log_fn=N
         return res, res.to_dict()
 
     # resumable: training saves its state after every epoch in the entry; an interrupted run goes on from there
-    res, _, hit = cached("train", _train_key(cfg, inp, method, lr, seed), compute, load, _say, resumable=True)
+    # collective: under torchrun every rank trains (its share of each batch), rank 0 writes the entry
+    res, _, hit = cached("train", _train_key(cfg, inp, method, lr, seed), compute, load, _say, resumable=True,
+                         collective=True)
     return res, hit
 
 
@@ -352,12 +356,13 @@ def evaluate_method(cfg, inp: StudyInputs, method: str, res, users: np.ndarray, 
 
     out, _, _ = cached("eval", _eval_key(cfg, res.checkpoint, users, rerank_cands, variant),
                        lambda folder: _evaluate(cfg, inp, method, res, users, rerank_cands, progress, folder, variant),
-                       load, _say)
+                       load, _say, collective=True)  # under torchrun every rank beams its share of the users
     return out
 
 
 def _evaluate(cfg, inp: StudyInputs, method: str, res, users, rerank_cands, progress: bool, folder: Path,
               variant: str = "own"):
+    from workbench import dist
     from workbench.study.evaluate import EvalSettings, evaluate_checkpoint
     from workbench.study.prompts import length_stats
 
@@ -380,7 +385,8 @@ def _evaluate(cfg, inp: StudyInputs, method: str, res, users, rerank_cands, prog
     lists = np.full((len(users), max(ev.ks)), -1, dtype=np.int64)
     for i, l in enumerate(out["beam"].lists):
         lists[i, : len(l)] = l[: max(ev.ks)]
-    np.savez(folder / "per_user.npz", lists=lists, **arrays)
+    if dist.is_main():  # the other ranks hold the same (gathered) arrays
+        np.savez(folder / "per_user.npz", lists=lists, **arrays)
     return {"metrics": metrics, "per_user": out["beam"].per_user,
             "rerank_per_user": {} if out["rerank"] is None else out["rerank"].per_user, "lists": lists}, metrics
 

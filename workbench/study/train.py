@@ -23,6 +23,13 @@ loss, validation NDCG@10 / Recall@10, training FLOPs so far (`flops.py`), tokens
 After every epoch the whole training state (weights, optimizer, schedule, both RNGs, the best epoch
 so far, counters) is saved to `out_dir/resume.pt`; a run stopped by a signal or the end of a session
 resumes after its last finished epoch and continues exactly as the uninterrupted run would have.
+
+Under torchrun (`workbench.dist`) every rank builds the same windows and batches (one seed) and takes its
+share of each batch's windows; the gradients are summed over the ranks before clip + step (`_Step.backward`),
+so every rank takes the optimizer steps of one process on the whole batch and holds the same weights.
+Validation is sharded like the evaluation (`beam_rank`), so every rank sees the same metrics and makes the
+same best-epoch and stopping decisions; rank 0 alone writes resume.pt and the checkpoint, every rank reads
+resume.pt on a resume. On GPUs each rank trains on its own (`dist.device()`); a plain run stays on the CPU.
 """
 
 from __future__ import annotations
@@ -132,10 +139,10 @@ def validate(loaded, valid_set, beam_width: int, progress: bool) -> dict[str, fl
     """NDCG@10 and Recall@10 of constrained beam search through the torch engine on `valid_set`
     (`loaded`: a LoadedCheckpoint around the live model; the same code path as the final evaluation)."""
     from workbench.engines import registry
-    from workbench.study.evaluate import beam_rank, per_user_metrics, ranks_of
+    from workbench.study.evaluate import beam_rank, device_options, per_user_metrics, ranks_of
     from workbench.sync import run_sync
 
-    engine = registry.create_engine("torch", checkpoint=loaded)
+    engine = registry.create_engine("torch", checkpoint=loaded, **device_options())
     try:
         br = beam_rank(engine, valid_set, loaded.catalog, max(10, beam_width), True, True, 64, "validation", progress)
     finally:
@@ -147,8 +154,8 @@ def validate(loaded, valid_set, beam_width: int, progress: bool) -> dict[str, fl
 class _Step:
     """Forward + backward of one batch; counts tokens and FLOPs."""
 
-    def __init__(self, model, projector, pad_id: int, vocab: int):
-        self.model, self.projector, self.pad_id, self.vocab = model, projector, pad_id, vocab
+    def __init__(self, model, projector, pad_id: int, vocab: int, device: str = "cpu"):
+        self.model, self.projector, self.pad_id, self.vocab, self.device = model, projector, pad_id, vocab, device
 
     def loss(self, ws, idx, bf16: bool):
         import torch
@@ -157,7 +164,11 @@ class _Step:
         from workbench.study.windows import collate, window_logits
 
         ids, pos, mask, at, toks, ph, vec = collate(ws, idx, self.pad_id)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        if self.device != "cpu":  # a GPU rank (dist.device)
+            ids, pos, mask, toks, ph, vec = (None if t is None else t.to(self.device)
+                                             for t in (ids, pos, mask, toks, ph, vec))
+            at = tuple(t.to(self.device) for t in at)
+        with torch.autocast(torch.device(self.device).type, dtype=torch.bfloat16, enabled=bf16):
             logits = window_logits(self.model, ids, pos, mask, at, ph, vec, self.projector)
         loss = F.cross_entropy(logits.float(), toks)
         lengths = [len(ws.windows[int(i)].ids) for i in idx]
@@ -166,6 +177,51 @@ class _Step:
         else:
             keys = sum(n * (n + 1) // 2 for n in lengths)
         return loss, sum(lengths), len(toks), keys
+
+    def backward(self, ws, idx, bf16: bool, params) -> tuple[float, int, int, int]:
+        """Loss and gradients (into `.grad`) of batch `idx`: (loss, tokens, logit rows, attended keys).
+
+        With several ranks each takes every size-th window of the batch (`dist.shard`). One process's loss
+        is the mean over the batch's n SID-token targets; a rank whose windows hold n_r of them weights its
+        own mean by n_r / n, so the ranks' losses, and their gradients, add up to the batch's. Gradients and
+        counts are then summed over the ranks: every rank holds one process's numbers, up to rounding."""
+        from workbench import dist
+
+        if dist.world().size == 1:
+            loss, n_tok, n_logit, keys = self.loss(ws, idx, bf16)
+            loss.backward()
+            return float(loss.detach()), n_tok, n_logit, keys
+        import torch
+
+        mine = dist.shard(idx)
+        n_all = sum(len(ws.windows[int(i)].loss_tok) for i in idx)
+        counts = [0.0, 0, 0, 0]
+        if len(mine):  # a batch of fewer windows than ranks leaves some ranks none
+            loss, n_tok, n_logit, keys = self.loss(ws, mine, bf16)
+            loss = loss * (n_logit / n_all)
+            loss.backward()
+            counts = [float(loss.detach()), n_tok, n_logit, keys]
+        _sum_grads(params)
+        total = torch.tensor(counts, dtype=torch.float64, device=self.device)  # float64: key counts pass 2^24
+        dist.all_reduce_sum(total)
+        lv, n_tok, n_logit, keys = total.tolist()
+        return lv, int(n_tok), int(n_logit), int(keys)
+
+
+def _sum_grads(params) -> None:
+    """Sum every parameter's gradient over the ranks, in one flat buffer (one collective per step). A
+    parameter that no rank has a gradient for keeps none: AdamW then skips it, as it would in one process."""
+    import torch
+
+    from workbench import dist
+
+    have = torch.tensor([p.grad is not None for p in params], dtype=params[0].dtype, device=params[0].device)
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params] + [have])
+    dist.all_reduce_sum(flat)
+    at = 0
+    for p, h in zip(params, flat[-len(params):].tolist()):
+        p.grad = flat[at : at + p.numel()].view_as(p) if h else None
+        at += p.numel()
 
 
 def choose_bf16(setting, step: _Step, ws, idx) -> tuple[bool, dict]:
@@ -197,6 +253,7 @@ def train_model(backbone, windows: Callable[[np.random.Generator], object], vali
     best checkpoint to `out_dir/checkpoint`."""
     import torch
 
+    from workbench import dist
     from workbench.hardware import matmul_gflops
     from workbench.model.backbone import apply_trainable
     from workbench.model.checkpoint import LoadedCheckpoint, save_checkpoint
@@ -207,6 +264,7 @@ def train_model(backbone, windows: Callable[[np.random.Generator], object], vali
     from workbench.study.windows import target_batches
 
     out_dir = Path(out_dir)
+    main, device = dist.is_main(), dist.device()
     model, layout = backbone.model, backbone.layout
     torch.manual_seed(st.seed)
     rng = np.random.default_rng(st.seed)
@@ -217,9 +275,13 @@ def train_model(backbone, windows: Callable[[np.random.Generator], object], vali
         if user_dim is None:
             raise ValueError("soft_token training needs user_dim (the ALS vector size)")
         projector = SoftTokenProjector(user_dim, backbone.hidden_size, st.projector)
+    if device != "cpu":  # a GPU rank under torchrun
+        model.to(device)
+        if projector is not None:
+            projector.to(device)
     groups = apply_trainable(model, st.trainable, layout, projector)
     opt = torch.optim.AdamW(groups, lr=st.lr, weight_decay=st.weight_decay, betas=(0.9, 0.98))
-    step_fn = _Step(model, projector, int(backbone.tokenizer.pad_token_id or 0), int(model.config.vocab_size))
+    step_fn = _Step(model, projector, int(backbone.tokenizer.pad_token_id or 0), int(model.config.vocab_size), device)
     batches = target_batches(ws.targets_per_window(), ws.lengths(), st.batch_targets, rng)
     total = len(batches) * st.epochs if st.max_steps is None else min(st.max_steps, len(batches) * st.epochs)
     warmup = int(st.warmup_ratio * total)
@@ -228,8 +290,8 @@ def train_model(backbone, windows: Callable[[np.random.Generator], object], vali
     saved = _load_resume(resume_file)
     if saved is not None:
         use_bf16, bf16_info = saved["use_bf16"], saved["bf16_info"]
-    else:
-        use_bf16, bf16_info = choose_bf16(st.bf16, step_fn, ws, batches[0])
+    else:  # measured on rank 0 and taken by all: the ranks must compute alike
+        use_bf16, bf16_info = dist.broadcast(choose_bf16(st.bf16, step_fn, ws, batches[0]) if main else None)
     peak = matmul_gflops("bfloat16" if use_bf16 else "float32", seconds=0.5) * 1e9
     meta = make_meta(method, layout, sid_version, backbone.name, _template(method), user_dim,
                      {"lr": st.lr, "trainable": st.trainable, "pretrained": backbone.pretrained, "bf16": use_bf16})
@@ -251,6 +313,8 @@ def train_model(backbone, windows: Callable[[np.random.Generator], object], vali
                                                                          "train_s"))  # fmt: skip
         first_epoch, stopped, t0 = saved["epoch"], saved["stopped"], t0 - saved["wall_s"]
         print(f"  {method} lr={st.lr:g}: resuming after epoch {first_epoch} (step {step}) from {resume_file}", flush=True)
+    if dist.world().size > 1:
+        dist.check_same(_digest(ws, batches, params), "the first epoch's windows and batches or the weights")
     for epoch in range(first_epoch, st.epochs):
         if stopped:
             break
@@ -266,16 +330,14 @@ def train_model(backbone, windows: Callable[[np.random.Generator], object], vali
         for idx in bar:
             if step >= total:
                 break
-            loss, n_tok, n_logit, keys = step_fn.loss(ws, idx, use_bf16)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            lv, n_tok, n_logit, keys = step_fn.backward(ws, idx, use_bf16, params)
             torch.nn.utils.clip_grad_norm_(params, st.grad_clip)
             opt.step()
             sched.step()
             step += 1
             tokens += n_tok
             flops += train_flops(model.config, n_tok, n_logit, step_fn.vocab, keys)
-            lv = float(loss.detach())
             tot, nb = tot + lv, nb + 1
             bar.set_postfix(loss=f"{lv:.3f}")
             if log_fn and step % 20 == 0:
@@ -302,19 +364,22 @@ def train_model(backbone, windows: Callable[[np.random.Generator], object], vali
         else:
             bad += 1
         stopped = bad >= st.patience or step >= total
-        _save_resume(resume_file, {
-            "epoch": epoch + 1, "stopped": stopped, "model": model.state_dict(), "optimizer": opt.state_dict(),
-            "projector": None if projector is None else projector.state_dict(), "scheduler": sched.state_dict(),
-            "torch_rng": torch.get_rng_state(), "numpy_rng": rng.bit_generator.state, "best": list(best),
-            "history": history, "step": step, "tokens": tokens, "flops": flops, "bad": bad, "train_s": train_s,
-            "wall_s": time.perf_counter() - t0, "use_bf16": use_bf16, "bf16_info": bf16_info,
-        })  # fmt: skip
+        if main:  # the other ranks hold the same state
+            _save_resume(resume_file, {
+                "epoch": epoch + 1, "stopped": stopped, "model": model.state_dict(), "optimizer": opt.state_dict(),
+                "projector": None if projector is None else projector.state_dict(), "scheduler": sched.state_dict(),
+                "torch_rng": torch.get_rng_state(), "numpy_rng": rng.bit_generator.state, "best": list(best),
+                "history": history, "step": step, "tokens": tokens, "flops": flops, "bad": bad, "train_s": train_s,
+                "wall_s": time.perf_counter() - t0, "use_bf16": use_bf16, "bf16_info": bf16_info,
+            })  # fmt: skip
     model.load_state_dict(best[2])
     if projector is not None:
         projector.load_state_dict(best[3])
     model.eval()
-    final = save_checkpoint(out_dir / "checkpoint", model, backbone.tokenizer, meta, item_codes, projector)
-    resume_file.unlink(missing_ok=True)  # the checkpoint holds what matters now (and is ~1/3 the size)
+    final = out_dir / "checkpoint"
+    if main:
+        final = save_checkpoint(final, model, backbone.tokenizer, meta, item_codes, projector)
+        resume_file.unlink(missing_ok=True)  # the checkpoint holds what matters now (and is ~1/3 the size)
     rate = tokens / max(train_s, 1e-9)
     history.append({"bf16": bf16_info})
     return TrainResult(
@@ -343,7 +408,20 @@ def _load_resume(path: Path) -> dict | None:
 
     if not path.exists():
         return None
-    return torch.load(path, weights_only=True)  # tensors and plain containers only: no pickled code
+    # tensors and plain containers only (no pickled code); onto the CPU: the RNG state must be a CPU tensor
+    # there, and a GPU rank's weights are copied to its own device by load_state_dict
+    return torch.load(path, weights_only=True, map_location="cpu")
+
+
+def _digest(ws, batches, params) -> str:
+    """What the ranks must agree on before they average gradients: windows, batches, starting weights."""
+    import hashlib
+
+    h = hashlib.sha1(ws.lengths().tobytes())
+    for b in batches:
+        h.update(np.asarray(b, dtype=np.int64).tobytes())
+    h.update(repr([float(p.detach().double().sum()) for p in params]).encode())
+    return h.hexdigest()
 
 
 def _template(method: str) -> str:
