@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -31,7 +30,7 @@ pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 
-from workbench.engines.launcher import ServerSpec, free_port, launch  # noqa: E402
+from workbench.engines.launcher import launch, workbench_serve_spec  # noqa: E402
 from workbench.testing import make_random_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
@@ -57,10 +56,7 @@ def tokenizer(checkpoint):
 @pytest.fixture(scope="module")
 def served(checkpoint):
     """(url, running server, served model name)."""
-    port = free_port()
-    argv = (sys.executable, "-m", "workbench.cli", "serve", "--checkpoint", str(checkpoint), "--port", str(port))
-    spec = ServerSpec("workbench-serve", argv, port, {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
-                      startup_timeout_s=180)
+    spec = workbench_serve_spec(checkpoint, threads=1)
     with launch(spec, log_path=checkpoint.parent / "server.log") as server:
         name = httpx.get(server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
         yield server.url, server, name

@@ -32,7 +32,6 @@ import json
 import math
 import random
 import socket
-import sys
 import time
 
 import numpy as np
@@ -44,7 +43,7 @@ httpx = pytest.importorskip("httpx")
 
 from numerics import logprob_bound  # noqa: E402
 from workbench.engines.base import Prompt  # noqa: E402
-from workbench.engines.launcher import ServerSpec, free_port, launch  # noqa: E402
+from workbench.engines.launcher import launch, workbench_serve_spec  # noqa: E402
 from workbench.engines.registry import create_engine  # noqa: E402
 from workbench.testing import make_random_checkpoint  # noqa: E402
 
@@ -65,10 +64,7 @@ def checkpoint(tmp_path_factory):
 def served(checkpoint):
     """(url, running server, in-process engine on the same checkpoint: its limits and its logits for bounds)."""
     d, ck = checkpoint.parent, checkpoint
-    port = free_port()
-    argv = (sys.executable, "-m", "workbench.cli", "serve", "--checkpoint", str(ck), "--port", str(port))
-    spec = ServerSpec("workbench-serve", argv, port, {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
-                      startup_timeout_s=180)
+    spec = workbench_serve_spec(ck, threads=1)
     engine = create_engine("torch", ck)
     try:
         with launch(spec, log_path=d / "server.log") as server:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import sys
 import threading
 import time
 
@@ -38,7 +37,7 @@ pytest.importorskip("prometheus_client")
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from workbench.engines.launcher import ServerSpec, free_port, launch  # noqa: E402
+from workbench.engines.launcher import free_port, launch, workbench_serve_spec  # noqa: E402
 from workbench.engines.registry import create_engine  # noqa: E402
 from workbench.engines.serving.app import create_app  # noqa: E402
 from workbench.testing import make_random_checkpoint  # noqa: E402
@@ -66,10 +65,7 @@ def _wait_ready(url: str, timeout_s: float = 120.0) -> httpx.Response:
 @pytest.fixture(scope="module")
 def served(checkpoint):
     """The URL of a real `workbench serve` on the checkpoint, once it is ready."""
-    port = free_port()
-    argv = (sys.executable, "-m", "workbench.cli", "serve", "--checkpoint", str(checkpoint), "--port", str(port))
-    spec = ServerSpec("workbench-serve", argv, port, {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
-                      startup_timeout_s=180)
+    spec = workbench_serve_spec(checkpoint, threads=1)
     with launch(spec, log_path=checkpoint.parent / "server.log") as server:
         assert _wait_ready(server.url).status_code == 200, server.log_tail()
         yield server.url

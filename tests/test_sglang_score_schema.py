@@ -29,7 +29,6 @@ import base64
 import hashlib
 import math
 import os
-import sys
 import zipfile
 from pathlib import Path
 
@@ -42,7 +41,7 @@ httpx = pytest.importorskip("httpx")
 
 import sglang_scoring_protocol as sgl  # noqa: E402
 from workbench.engines.base import Prompt, ScoreRequest  # noqa: E402
-from workbench.engines.launcher import ServerSpec, free_port, launch  # noqa: E402
+from workbench.engines.launcher import launch, workbench_serve_spec  # noqa: E402
 from workbench.engines.registry import create_engine  # noqa: E402
 from workbench.engines.serving.sglang_api import ScoreBody  # noqa: E402
 from workbench.testing import make_random_checkpoint  # noqa: E402
@@ -60,10 +59,7 @@ def served(tmp_path_factory):
     d = tmp_path_factory.mktemp("sglang_score")
     ck = make_random_checkpoint(d / "ck", hidden_size=32, n_items=40, levels=(4, 4), vocab_base=120,
                                 max_position_embeddings=128, seed=7)
-    port = free_port()
-    argv = (sys.executable, "-m", "workbench.cli", "serve", "--checkpoint", str(ck), "--port", str(port))
-    spec = ServerSpec("workbench-serve", argv, port, {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
-                      startup_timeout_s=180)
+    spec = workbench_serve_spec(ck, threads=1)
     engine = create_engine("torch", ck)
     try:
         with launch(spec, log_path=d / "server.log") as server:

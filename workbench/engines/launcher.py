@@ -286,6 +286,17 @@ SPEC_BUILDERS = {"vllm": vllm_spec, "sglang": sglang_spec, "trtllm": trtllm_spec
                  "trtllm-scoring": trtllm_scoring_spec}
 
 
+def workbench_serve_spec(checkpoint, engine: str = "torch", dtype: str = "float32", port: int | None = None,
+                         threads: int | None = None) -> ServerSpec:
+    """`workbench serve` on `checkpoint` (the in-process engines behind HTTP), healthy once `/ready`: after the
+    server's own warm-up request, so nothing measured overlaps it. The one place this command line is built."""
+    port = free_port() if port is None else port
+    argv = (sys.executable, "-m", "workbench.cli", "serve", "--checkpoint", str(checkpoint), "--engine", engine,
+            "--port", str(port), "--dtype", dtype)  # fmt: skip
+    env = {"PYTHONUNBUFFERED": "1", **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    return ServerSpec(engine, argv, port, env=env, startup_timeout_s=180.0, health_path="/ready")
+
+
 def server_spec(engine: str, checkpoint, dtype: str = "float32", **kw) -> ServerSpec:
     if engine not in SPEC_BUILDERS:
         raise KeyError(f"no server launcher for engine {engine!r}; use one of {sorted(SPEC_BUILDERS)}")

@@ -172,12 +172,7 @@ def open_engine(entry: EngineEntry, checkpoint: Path, log_dir: Path | None = Non
         return
     from workbench.engines import launcher
 
-    port = launcher.free_port()
-    argv = (sys.executable, "-m", "workbench.cli", "serve", "--checkpoint", str(checkpoint), "--engine", entry.name,
-            "--port", str(port), "--dtype", entry.dtype)  # fmt: skip
-    env = {"OMP_NUM_THREADS": str(entry.threads)} if entry.threads else {}
-    # /ready, not /health: ready only after the server's warm-up request, which must not overlap the measurements
-    spec = launcher.ServerSpec(entry.name, argv, port, env=env, startup_timeout_s=180.0, health_path="/ready")
+    spec = launcher.workbench_serve_spec(checkpoint, entry.name, entry.dtype, threads=entry.threads)
     log = None if log_dir is None else log_dir / f"{entry.label or entry.name}-server.log"
     with launcher.launch(spec, log_path=log) as server:
         print(f"[bench] workbench serve ({entry.name}) up at {server.url} after {server.started_s:.1f} s",
