@@ -2,7 +2,7 @@
 
 The random models have a peaked output layer so beam order is not decided by ties; beams are
 compared as sets, allowing a swap only between beams whose log-probs are closer than rounding can
-explain. Every tolerance here is the float32 rounding bound derived in tests/numerics.py from the
+explain. Every tolerance here is the float32 rounding bound derived in workbench/engines/numerics.py from the
 model's sizes, the request's length and its logits' scale (two correct implementations sum in
 different orders, and BLAS picks CPU-specific kernels): none is fitted to one machine's numbers.
 """
@@ -20,7 +20,7 @@ pytest.importorskip("transformers")
 from workbench.engines.base import BeamSearchRequest, Prompt, ScoreRequest  # noqa: E402
 from workbench.engines.registry import create_engine  # noqa: E402
 from workbench.testing import make_random_checkpoint  # noqa: E402
-from numerics import logprob_bound  # noqa: E402
+from workbench.engines.numerics import logprob_bound  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -141,7 +141,7 @@ def test_soft_token_logits_match_hf_inputs_embeds(engines):
 # so which kernel, blocking and thread split they pick (CPU- and thread-dependent: bit-identical on
 # an AVX2 EPYC, 1.1e-5 apart on an AMX Xeon). So:
 # - float64 checks the engine's logic: any leak across requests, wrong position or padding error
-#   moves a log-prob by far more than float64 rounding (bound ~1e-12, see tests/numerics.py);
+#   moves a log-prob by far more than float64 rounding (bound ~1e-12, see workbench/engines/numerics.py);
 # - float32 (the serving dtype) is held to the float32 rounding bound derived the same way
 #   (~1e-3 here); token ids must match except where two beams are closer than that bound.
 # Fault injection (done once while writing this): adding 1e-6 to the hidden state of the rows of
@@ -181,7 +181,7 @@ def test_batch_invariant_mode_with_two_threads(engines):
 
 
 def _bound(te, req, dtype):
-    """The derived rounding bound (tests/numerics.py) for one beam-search request on `te`."""
+    """The derived rounding bound (workbench/engines/numerics.py) for one beam-search request on `te`."""
     z = float(te.prompt_logits(req.prompt).float().abs().max())
     kv_len = len(req.prompt.token_ids) + req.max_new_tokens
     return logprob_bound(te.checkpoint.model.config, kv_len, req.max_new_tokens, z, dtype)

@@ -127,5 +127,5 @@ def test_missing_environment_says_how_to_build(monkeypatch, tmp_path):
     from workbench.engines.base import EngineUnavailable
 
     monkeypatch.setenv("WORKBENCH_TRTLLM_BIN", str(tmp_path / "nope"))
-    with pytest.raises(EngineUnavailable, match="trtllm.yml"):
+    with pytest.raises(EngineUnavailable, match="environments/trtllm.txt"):
         launcher.require_executable("trtllm")

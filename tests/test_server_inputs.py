@@ -11,7 +11,7 @@ loopback port serves the whole module:
   succeeds and the server log holds no 500 and no traceback.
 - `test_concurrent_results_equal_alone`: 1,000 mixed requests (beam search plain, constrained and
   soft-token; scoring in label and sequence mode) at concurrency 64, each compared with the same request
-  sent alone, within the float32 rounding bound derived in tests/numerics.py (as test_engine_parity
+  sent alone, within the float32 rounding bound derived in workbench/engines/numerics.py (as test_engine_parity
   does: beams may swap only where their log-probs are closer than that bound).
 - `test_engines_refuse_...`: the placeholder and dtype-range checks hold in-process for the torch engine
   (float32, bfloat16) and the hf engine, failing only the request that carries the bad input.
@@ -41,7 +41,7 @@ pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from numerics import logprob_bound  # noqa: E402
+from workbench.engines.numerics import logprob_bound  # noqa: E402
 from workbench.engines.base import Prompt  # noqa: E402
 from workbench.engines.launcher import launch, workbench_serve_spec  # noqa: E402
 from workbench.engines.registry import create_engine  # noqa: E402
@@ -330,7 +330,7 @@ CONCURRENCY = 64
 
 
 def _pool(engine, seed: int = 11) -> list[tuple[str, dict, float]]:
-    """(path, body, rounding bound) for POOL mixed requests; the bound from tests/numerics.py as
+    """(path, body, rounding bound) for POOL mixed requests; the bound from workbench/engines/numerics.py as
     test_engine_parity derives it (Z from the prompt's logits, kv length and steps from the request)."""
     rng = np.random.default_rng(seed)
     lim, cfg = engine.limits, engine.checkpoint.model.config

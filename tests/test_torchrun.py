@@ -37,7 +37,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from numerics import LAMBDA, UNIT_ROUNDOFF, path_terms
+from workbench.engines.numerics import LAMBDA, UNIT_ROUNDOFF, path_terms
 
 pytestmark = pytest.mark.slow
 
@@ -113,7 +113,7 @@ def _grad_bound(g, n: int) -> float:
     """How far two correct float32 computations of one step's gradient tensor `g` may differ.
 
     Every gradient entry is a sum over the batch: one term per token position (its path through the model
-    adds the products of tests/numerics.py's `path_terms`), n terms in all. One process sums the whole
+    adds the products of workbench/engines/numerics.py's `path_terms`), n terms in all. One process sums the whole
     batch at once; two ranks each sum their half of the windows, weighted by their share of the targets
     (weights n_r / n, the one-process mean's 1 / n split in two), and the all-reduce adds the two halves:
     the same terms, grouped and ordered otherwise, each through kernels blocked for another batch shape.

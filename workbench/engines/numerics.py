@@ -22,6 +22,17 @@ states at that scale from layer to layer). Two evaluations differ by at most twi
 log-prob is a difference of two such quantities (z_y - logsumexp z): another factor 2; a beam's
 cumulative log-prob adds `steps` of them.
 
+Half precision (bfloat16, float16) is another error model: the products are summed in float32
+accumulators (CPU and GPU GEMM and attention kernels alike), and the dominant error is the rounding of
+each *stored* activation to the half type, a relative error of at most u per element (2^-8 in
+bfloat16). Along the path to one logit there are r = 9 * layers + 3 such stores (per layer: the
+normed input, q/k/v, attention output, o, the residual sum, the second normed input, gate/up, the
+activation product, down, the second residual; then the embedding, the final norm and the logits),
+each independent, so in quadrature one evaluation is within `lam * sqrt(r) * u * Z`; the same
+factors 2, 2 and `steps` follow. This bound is loose (Z is the largest logit, not the typical one):
+in bfloat16 it catches a wrong position, a leak across streams or a lost soft token (moves of whole
+logits), not small numeric slips.
+
     bound = steps * 2 * 2 * lam * sqrt(n) * u * Z
 
 For the tests' tiny models (hidden 64, 2 layers, vocab ~450, Z ~ 10-30) this is ~1e-3 in
@@ -47,10 +58,19 @@ def path_terms(config, kv_len: int) -> int:
     return int(config.num_hidden_layers) * per_layer + h + int(config.vocab_size)
 
 
+HALF = ("bfloat16", "float16")  # stored in half precision, accumulated in float32
+
+
+def stored_roundings(config) -> int:
+    """r: the half-precision stores along the path to one logit (see the module doc)."""
+    return 9 * int(config.num_hidden_layers) + 3
+
+
 def logprob_bound(config, kv_len: int, steps: int, max_abs_logit: float, dtype: str = "float32") -> float:
     """Largest difference two correct evaluations of a `steps`-token cumulative log-prob may show."""
     u = UNIT_ROUNDOFF[dtype]
-    one = LAMBDA * math.sqrt(path_terms(config, kv_len)) * u * float(max_abs_logit)
+    terms = stored_roundings(config) if dtype in HALF else path_terms(config, kv_len)
+    one = LAMBDA * math.sqrt(terms) * u * float(max_abs_logit)
     return int(steps) * 2 * 2 * one
 
 
