@@ -154,3 +154,32 @@ def test_sweep_over_http_workbench_serve(bench_checkpoint, store):
     # the server was stopped: its log came back as an artifact of the sweep
     logs = [a.path for a in store.list_artifacts(res.parent_run_id, "server_logs")]
     assert logs == ["server_logs/torch-server.log"]
+
+
+@pytest.mark.parametrize("flags,want", [("avx2", "float32"), ("avx2 avx512f avx512_bf16", "bfloat16"),
+                                        ("avx2 avx512f avx512_bf16 amx_bf16 amx_tile", "bfloat16")])
+def test_dtype_auto_follows_the_cpu(flags, want, monkeypatch):
+    """`dtype: auto` is bf16 exactly where the CPU has bf16 instructions (AVX512-BF16 or AMX); the GPU-only
+    engines are bf16 whatever the CPU; an explicit dtype is kept."""
+    from workbench import hardware
+
+    monkeypatch.setattr(hardware, "cpu_info", lambda: {"cpu_model": "test", "cpu_flags": flags})
+    assert hardware.resolve_dtype("auto", "torch") == want
+    assert hardware.resolve_dtype("auto", "sglang") == "bfloat16" == hardware.resolve_dtype("auto", "trtllm")
+    assert hardware.resolve_dtype("float32", "torch") == "float32"
+    assert hardware.resolve_dtype("bfloat16", "vllm") == "bfloat16"
+
+
+def test_dtype_auto_is_resolved_and_logged(bench_checkpoint, store):
+    """A sweep with `dtype: auto` runs and tags the dtype it resolved to on this CPU, beside what was asked."""
+    from workbench.hardware import resolve_dtype
+
+    res = run_bench(config(bench_checkpoint, [{"name": "torch", "dtype": "auto"}], rates=[4.0], requests_per_rate=6),
+                    progress=False)
+    (child,) = res.children
+    assert child.error is None, child.error
+    want = resolve_dtype("auto", "torch")
+    assert child.dtype == want
+    run = store.get_run(child.run_id)
+    assert run.data.tags[names.TAG_DTYPE] == want and run.data.params["dtype_requested"] == "auto"
+    assert run.data.tags[names.TAG_CPU]  # the CPU the resolution was made for

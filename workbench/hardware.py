@@ -39,6 +39,21 @@ def has_bf16_instructions() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+GPU_ONLY_ENGINES = ("sglang", "trtllm")  # no CPU build: "auto" is their serving dtype on a GPU
+
+
+def resolve_dtype(dtype: str, engine: str | None = None) -> str:
+    """`dtype`, with "auto" made concrete: bfloat16 where this CPU has bf16 instructions (AMX or
+    AVX512-BF16: bf16 matmul runs at 2x (AVX512-BF16) to ~7x (AMX) the float32 rate) and float32
+    elsewhere (AVX2 only: bf16 would be emulated, slower than float32); bfloat16 for the GPU-only
+    engines (FlashInfer and TensorRT-LLM's encode path have no float32 attention)."""
+    if dtype != "auto":
+        return dtype
+    if engine in GPU_ONLY_ENGINES:
+        return "bfloat16"
+    return "bfloat16" if has_bf16_instructions() else "float32"
+
+
 def matmul_gflops(dtype="float32", device: str = "cpu", n: int = 1024, seconds: float = 1.0) -> float:
     """Measured n x n matmul rate (GFLOP/s) at the current torch thread count."""
     import torch

@@ -295,7 +295,11 @@ def _child(parent, cfg: SweepConfig, entry: EngineEntry, checkpoint: Path, slo: 
     from workbench.load.plots import latency_vs_qps
     from workbench.tracking import start_run
 
+    from workbench.hardware import resolve_dtype
+
     load = cfg.load
+    requested = entry.dtype
+    entry = entry.model_copy(update={"dtype": resolve_dtype(entry.dtype, entry.name)})  # "auto" made concrete
     meta = read_meta(checkpoint)
     workload = make_workload(load, checkpoint, study)
     series = entry.label or entry.name
@@ -312,7 +316,8 @@ def _child(parent, cfg: SweepConfig, entry: EngineEntry, checkpoint: Path, slo: 
     try:
         with start_run(run_name, parent=parent, tags=tags) as h:
             child.run_id = h.run_id
-            h.log_params({"engine": entry.model_dump(mode="json"), "load": load.model_dump(mode="json"),
+            h.log_params({"engine": entry.model_dump(mode="json"), "dtype_requested": requested,
+                          "load": load.model_dump(mode="json"),
                           "cost": cfg.cost.model_dump(mode="json"), "checkpoint": str(checkpoint)})  # fmt: skip
             if hasattr(workload, "prompt_tokens_mean"):  # real prompts: their measured length
                 h.log_metrics({names.PROMPT_TOKENS_MEAN: workload.prompt_tokens_mean})

@@ -48,7 +48,8 @@ def parse_args(argv):
                    help="random Qwen3 size, named by its non-embedding parameters (workbench/model/random_checkpoint.py)")
     p.add_argument("--checkpoint", default=None, help="use this checkpoint instead of a random one")
     p.add_argument("--quick", action="store_true", help="fewer hf requests/candidates and repeats (about a minute)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16"],
+                   help="auto: bfloat16 where the CPU has AMX or AVX512-BF16, else float32")
     p.add_argument("--device", default="cpu")
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--beam", type=int, default=30)
@@ -106,6 +107,11 @@ def main(argv=None) -> int:
     hf_requests = args.hf_requests or (1 if args.quick else 4)
     hf_cands = min(args.candidates, args.hf_candidates or (50 if args.quick else args.candidates))
     repeats = 1 if args.quick else 2
+    from workbench.hardware import cpu_info, resolve_dtype
+
+    args.dtype = resolve_dtype(args.dtype)
+    cpu = cpu_info()
+    print(f"cpu: {cpu['cpu_model']} ({cpu['cpu_flags'] or 'no AVX-512'}); dtype {args.dtype}", file=sys.stderr)
     tdtype = getattr(torch, args.dtype)
     if args.floor:
         from workbench.perf.floorbench import run_floor
