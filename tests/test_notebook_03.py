@@ -29,7 +29,7 @@ def test_notebook_03_runs(tmp_path):
     out = json.loads(results.read_text())
     m = out["capability_matrix"]
     assert set(m) >= {"torch", "vllm", "sglang", "trtllm"}
-    assert m["sglang"]["features"]["beam_search_all_beams"]["status"] in ("written, not run here", "emulated")
+    assert m["sglang"]["features"]["beam_search_all_beams"]["status"] in ("written, not run here", "native")
     assert "sglang" in out["unavailable"]  # not installed here, and the notebook says so
     vllm = out["parity"]["vllm"]
     assert vllm["ok"], vllm

@@ -1,11 +1,12 @@
 """`POST /v1/score` is SGLang 0.5.23's: its request and answer models, and its semantics, on a real
 `workbench serve` process (torch engine, tiny random soft-token checkpoint, word-level tokenizer).
 
-- The models: tests/sglang_scoring_protocol.py holds SGLang's `ScoringRequest` / `ScoringResponse` /
-  `UsageInfo` verbatim; `test_vendored_models_are_the_wheels` proves it against the sglang 0.5.23 wheel
-  when `make test` has fetched it (else it skips, saying so). Every body of `OK_BODIES` is a valid
-  `ScoringRequest`, and every answer is exactly a `ScoringResponse` dump: validated and dumped
-  again, it comes back unchanged (every field, nulls included).
+- The models: SGLang's own `ScoringRequest` / `ScoringResponse` / `UsageInfo`, loaded at test time from the
+  sglang 0.5.23 wheel that `make test` fetches (tests/sglang_wheel.py executes those classes from the wheel's
+  protocol.py, checked against the wheel's RECORD; no copy of SGLang's code lives in this repo). Every body
+  of `OK_BODIES` is a valid `ScoringRequest`, and every answer is exactly a `ScoringResponse` dump:
+  validated and dumped again, it comes back unchanged (every field, nulls included). Without the wheel the
+  two schema tests skip, saying how to get it, and the other tests check the numbers and rules only.
 - The numbers, against the engine's own forward (`prompt_logits` of the whole `query + item`
   sequence, not the scoring path the server uses): `apply_softmax` false gives exp(log-prob)
   (SGLang's `_convert_logprobs_to_scores`), true a softmax over the labels at `temperature`;
@@ -18,19 +19,14 @@
 Fault injection (done once while writing this, then reverted): `label_scores` returning the log-probs
 for `apply_softmax` false failed 6 tests (every exp comparison; the schema rows still passed, as log-probs
 are floats too); `sequences` ignoring `item_first` failed the item-first test; `item_first: bool = True`
-in the vendored copy failed the wheel comparison and the defaults test.
+in the then-vendored copy failed the wheel comparison and the defaults test; with the models loaded from the
+wheel, `item_first` defaulting to True in `ScoreBody` failed the defaults test.
 """
 
 from __future__ import annotations
 
-import ast
 import asyncio
-import base64
-import hashlib
 import math
-import os
-import zipfile
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -39,7 +35,7 @@ pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-import sglang_scoring_protocol as sgl  # noqa: E402
+import sglang_wheel  # noqa: E402
 from workbench.engines.base import Prompt, ScoreRequest  # noqa: E402
 from workbench.engines.launcher import launch, workbench_serve_spec  # noqa: E402
 from workbench.engines.registry import create_engine  # noqa: E402
@@ -48,8 +44,10 @@ from workbench.testing import make_random_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
-ROOT = Path(__file__).resolve().parents[1]
-WHEEL_DIR = ROOT / "data" / "cache" / "wheels"  # where `make test` puts it (Makefile: SGLANG_WHEEL)
+# SGLang's scoring models from the wheel (None without it: the schema checks then skip, saying so)
+sgl = sglang_wheel.scoring_models() if sglang_wheel.wheel_path() else None
+# protocol.py's sha256 in the 0.5.23 wheel's RECORD (urlsafe base64): a different file is a different contract
+PROTOCOL_SHA256 = "fiHUglEm07yTt-q6glByY9ABdh-sImzLHRYXtfcrgjU"
 QUERY, ITEMS, LABELS = [5, 6, 7], [[8, 9], [10], [11, 12, 13]], [3, 4, 121]
 
 
@@ -73,12 +71,15 @@ def post(url: str, body: dict, path: str = "/v1/score") -> httpx.Response:
 
 
 def ok(url: str, body: dict) -> dict:
-    """A 200 whose answer is exactly an SGLang `ScoringResponse` (and whose request is an SGLang one)."""
-    sgl.ScoringRequest.model_validate(body)
+    """A 200 whose answer is exactly an SGLang `ScoringResponse` (and whose request is an SGLang one) when the
+    wheel is here."""
+    if sgl is not None:
+        sgl.ScoringRequest.model_validate(body)
     r = post(url, body)
     assert r.status_code == 200, r.text[:500]
     d = r.json()
-    assert sgl.ScoringResponse.model_validate(d).model_dump(mode="json") == d
+    if sgl is not None:
+        assert sgl.ScoringResponse.model_validate(d).model_dump(mode="json") == d
     return d
 
 
@@ -100,38 +101,21 @@ def error(r: httpx.Response, status: int, phrase: str) -> None:
 # ---- the models -------------------------------------------------------------------------------------------
 
 
-def test_vendored_models_are_the_wheels():
-    """The copy in tests/sglang_scoring_protocol.py is the wheel's text, statement by statement."""
-    wheels = sorted(WHEEL_DIR.glob(f"sglang-{sgl.SGLANG_VERSION}-*.whl"))
-    if os.environ.get("WORKBENCH_SGLANG_WHEEL"):
-        wheels = [Path(os.environ["WORKBENCH_SGLANG_WHEEL"])]
-    if not wheels:
-        pytest.skip(f"no sglang {sgl.SGLANG_VERSION} wheel in {WHEEL_DIR} (`make test` downloads it, --no-deps; "
-                    "or set WORKBENCH_SGLANG_WHEEL): the copy is not compared with the wheel this run")
-    with zipfile.ZipFile(wheels[0]) as z:
-        src = z.read(sgl.PROTOCOL_PATH)
-        record = z.read(f"sglang-{sgl.SGLANG_VERSION}.dist-info/RECORD").decode()
-    digest = base64.urlsafe_b64encode(hashlib.sha256(src).digest()).rstrip(b"=").decode()
-    assert f"{sgl.PROTOCOL_PATH},sha256={digest}," in record and digest == sgl.PROTOCOL_SHA256
-
-    def statements(text: str) -> dict[str, str]:
-        out = {}
-        for node in ast.parse(text).body:
-            name = getattr(node, "name", None) or (
-                node.targets[0].id if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) else None)
-            if name in sgl.VERBATIM:
-                out[name] = ast.get_source_segment(text, node)
-        return out
-
-    theirs, ours = statements(src.decode()), statements(Path(sgl.__file__).read_text())
-    assert set(theirs) == set(sgl.VERBATIM)
-    for name in sgl.VERBATIM:
-        assert ours[name] == theirs[name], f"{name} differs from sglang {sgl.SGLANG_VERSION}'s"
+def test_models_are_the_wheels():
+    """The scoring models are executed from the pinned wheel's protocol.py (the file its RECORD lists, with the
+    digest pinned here), not from a copy."""
+    sglang_wheel.require_wheel()
+    src = sglang_wheel.source(sglang_wheel.PROTOCOL)  # raises unless the file matches the wheel's RECORD
+    assert sglang_wheel._record()[sglang_wheel.PROTOCOL] == PROTOCOL_SHA256
+    for cls in (sgl.ScoringRequest, sgl.ScoringResponse, sgl.UsageInfo, sgl.ErrorResponse):
+        assert cls.__module__ == sgl.__name__ and f"class {cls.__name__}(BaseModel):" in src
+    assert sgl.__file__.endswith("!/" + sglang_wheel.PROTOCOL)
 
 
 def test_request_fields_are_sglangs_plus_the_soft_token():
     """Every field of SGLang's ScoringRequest is a field here, with SGLang's default (model aside: the
     answer names the served model when none is asked for); the only others are the workbench's."""
+    sglang_wheel.require_wheel()
     theirs, ours = sgl.ScoringRequest.model_fields, ScoreBody.model_fields
     assert set(ours) - set(theirs) == {"user_vector", "placeholder_pos", "mode"}
     assert set(theirs) <= set(ours)
@@ -165,6 +149,7 @@ OK_BODIES = [
 
 @pytest.mark.parametrize("body", [b for _, b in OK_BODIES], ids=[n for n, _ in OK_BODIES])
 def test_every_answer_is_an_sglang_scoring_response(served, body):
+    sglang_wheel.require_wheel()
     d = ok(served[0], body)
     n_items = 1 if isinstance(body["items"], str) else len(body["items"])
     assert len(d["scores"]) == n_items and d["object"] == "scoring" and d["pooled_hidden_states"] is None

@@ -210,44 +210,97 @@ def vllm_spec(checkpoint, dtype: str = "float32", port: int | None = None, *, en
 
 
 def sglang_spec(checkpoint, dtype: str = "float32", port: int | None = None, *, enable_mis: bool = False,
-                delimiter_token_id: int | None = None, extra_args: tuple[str, ...] = (),
-                timeout_s: float = 600.0) -> ServerSpec:
+                delimiter_token_id: int | None = None, disable_radix_cache: bool | None = None,
+                extra_args: tuple[str, ...] = (), timeout_s: float = 600.0) -> ServerSpec:
     """`python -m sglang.launch_server` (SGLang 0.5.23 server args; see sglang_engine.py for the citations).
 
-    `--enable-mis` turns on multi-item scoring for `/v1/score` (0.5.23: `enable_mis` in
-    `sglang/srt/arg_groups/fields/exec_.py`; it needs `--attention-backend flashinfer` and itself turns
-    off CUDA graphs, the radix cache and chunked prefill, `arg_groups/attention_hook.py`). The older
-    `--multi-item-scoring-delimiter` flag is gone in 0.5.23: the delimiter is the fixed placeholder
-    `MIS_DELIMITER_TOKEN_ID = 9999` (`sglang/srt/constants.py`), so `delimiter_token_id` is accepted
-    only for backward compatibility and means `enable_mis=True`.
+    Every flag is a field of `sglang/srt/arg_groups/fields/*.py` in the 0.5.23 wheel
+    (tests/test_sglang_wheel_contract.py checks the command line against them).
+
+    - `--enable-mis` turns on multi-item scoring for `/v1/score` (`enable_mis` in `fields/exec_.py`). It needs
+      `--attention-backend flashinfer` (asserted in `arg_groups/attention_hook.py`,
+      `handle_multi_item_scoring`), and FlashInfer has no float32 attention: 0.7.2, the version sglang 0.5.23
+      pins, generates its prefill/decode kernels only for float16/bfloat16 queries (`flashinfer/jit/utils.py`,
+      `dtype_map` / `filename_safe_dtype_map` have no float32), so a float32 server with MIS would fail at
+      its first forward. MIS with `dtype` float32 is therefore refused here (ValueError) rather than launched
+      to fail; the adapter's automatic choice (sglang_engine.py) turns MIS off in float32 and says so.
+      The older `--multi-item-scoring-delimiter` flag is gone in 0.5.23: the delimiter is the fixed
+      placeholder `MIS_DELIMITER_TOKEN_ID = 9999` (`sglang/srt/constants.py`), so `delimiter_token_id` is
+      accepted only for backward compatibility and means `enable_mis=True`.
+    - `--disable-radix-cache`: `/generate` refuses `input_embeds` unless the radix cache is off
+      (`managers/tokenizer_manager.py`, `_tokenize_one_request`: "input_embeds is provided while
+      disable_radix_cache is False"), and soft-token generation sends `input_embeds`. `disable_radix_cache`
+      None (default) turns it off exactly when the checkpoint has a soft-token projector or MIS is on, and
+      says so on the command line instead of relying on `--enable-mis` turning the cache off as a side effect
+      (`attention_hook.py`); otherwise the radix cache stays on (it shares the prompt's KV across the
+      per-candidate requests of sequence scoring). True/False force it.
+    - `--page-size 1`: native beam search refuses any other page size (`beam_search/coordinator.py`,
+      `validate_and_init`: "Beam search currently requires --page-size 1"). It is the CUDA default
+      (`arg_groups/overrides.py`, `_page_size_default`); given explicitly so a changed default cannot turn
+      beam requests into errors (attention backends that need paging override it with a warning).
+    - Request logging is off by default in 0.5.23 (`--log-requests`, `fields/observability.py`); the former
+      `SGLANG_DISABLE_REQUEST_LOGGING` variable is not read by the wheel and is no longer set.
     """
+    mis = enable_mis or delimiter_token_id is not None
+    if mis and dtype in ("float32", "float"):
+        raise ValueError(
+            "SGLang multi-item scoring (--enable-mis) runs on the flashinfer attention backend only "
+            "(sglang/srt/arg_groups/attention_hook.py), and FlashInfer 0.7.2 (pinned by sglang 0.5.23) has no "
+            "float32 attention kernels (flashinfer/jit/utils.py: float16/bfloat16 only): the server would fail at "
+            "its first forward. Launch with dtype bfloat16 or float16, or without enable_mis (each item is then "
+            "scored as its own sequence)")
+    if disable_radix_cache is None:
+        from workbench.model.checkpoint import META_FILE, read_meta
+
+        ck = Path(checkpoint)
+        soft = (ck / META_FILE).exists() and read_meta(ck).user_vector_dim is not None
+        disable_radix_cache = mis or soft
     exe = require_executable("sglang")
     port = port or free_port()
     argv = [
         str(exe), "-m", "sglang.launch_server", "--model-path", str(serving_dir(checkpoint)),
         "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
-        "--served-model-name", "workbench", "--disable-overlap-schedule",
+        "--served-model-name", "workbench", "--disable-overlap-schedule", "--page-size", "1",
     ]
-    if enable_mis or delimiter_token_id is not None:
+    if disable_radix_cache:
+        argv.append("--disable-radix-cache")
+    if mis:
         argv += ["--enable-mis", "--attention-backend", "flashinfer"]
     argv += list(extra_args)
-    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "SGLANG_DISABLE_REQUEST_LOGGING": "1"}
+    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     return ServerSpec("sglang", tuple(argv), port, env, startup_timeout_s=timeout_s)
 
 
 def trtllm_spec(checkpoint, dtype: str = "float32", port: int | None = None, *, max_beam_width: int = 32,
-                soft_token_plugin: bool = True, extra_args: tuple[str, ...] = (), timeout_s: float = 900.0) -> ServerSpec:
-    """`trtllm-serve` (PyTorch backend) with the workbench's soft-token model module on `--custom_module_dirs`."""
+                kv_fraction: float = 0.4, soft_token_plugin: bool = True, extra_args: tuple[str, ...] = (),
+                timeout_s: float = 900.0) -> ServerSpec:
+    """`trtllm-serve serve` (PyTorch backend) with the workbench's soft-token model module on `--custom_module_dirs`.
+
+    trtllm-serve has no `--dtype` flag (`tensorrt_llm/commands/serve.py`, 1.3.0rc2x): the dtype goes in
+    the `--extra_llm_api_options` YAML (alias `--config`), whose keys update the LLM arguments
+    (`update_llm_args_with_extra_dict`, `tensorrt_llm/llmapi/llm_utils.py`) and must be `TorchLlmArgs`
+    fields. The same file sets `kv_cache_config.free_gpu_memory_fraction` (`KvCacheConfig`): trtllm-serve
+    alone would take 0.9 of the memory left after its weights, and the scoring layer's two models start
+    after it on the same GPU. `WORKBENCH_TRTLLM_CHECKPOINT` tells the soft-token plugin which checkpoint
+    the serving view stands for (trtllm_plugin/checkpoint_files.py).
+    """
+    import json
+
     exe = require_executable("trtllm")
     port = port or free_port()
+    options = {"dtype": dtype, "kv_cache_config": {"free_gpu_memory_fraction": float(kv_fraction)}}
+    options_file = Path(tempfile.gettempdir()) / f"workbench-trtllm-{port}-options.yaml"
+    options_file.write_text(json.dumps(options, indent=1) + "\n")  # JSON is YAML: serve.py's yaml.safe_load reads it
     argv = [
         str(exe), "serve", str(serving_dir(checkpoint)), "--host", "127.0.0.1", "--port", str(port),
         "--backend", "pytorch", "--max_beam_width", str(max_beam_width),
+        "--extra_llm_api_options", str(options_file),
     ]
     if soft_token_plugin:
         argv += ["--custom_module_dirs", str(Path(__file__).resolve().parent / "trtllm_plugin")]
     argv += list(extra_args)
-    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WORKBENCH_TRTLLM_DTYPE": dtype}
+    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "WORKBENCH_TRTLLM_CHECKPOINT": str(Path(checkpoint).resolve())}
     return ServerSpec("trtllm", tuple(argv), port, env, health_path="/health", startup_timeout_s=timeout_s)
 
 
@@ -263,22 +316,27 @@ def trtllm_python() -> Path | None:
 
 
 def trtllm_scoring_spec(checkpoint, dtype: str = "float32", port: int | None = None, *, max_beam_width: int = 32,
-                        mis_kwarg: str | None = None, mis_delimiter: int | None = None, kv_fraction: float = 0.3,
+                        multi_item: str = "auto", mis_delimiter: int | None = None, kv_fraction: float = 0.3,
                         timeout_s: float = 900.0) -> ServerSpec:
-    """`python -m workbench.engines.trtllm_scoring_server` from the TensorRT-LLM environment (LLM-API layer)."""
+    """`python -m workbench.engines.trtllm_scoring_server` from the TensorRT-LLM environment (LLM-API layer).
+
+    `multi_item`: auto (packed `LLM.encode` multi-item scoring in bfloat16/float16, batched in float32),
+    packed (refused at start-up in float32) or batched; see trtllm_scoring_server.py. `kv_fraction` is the
+    generation LLM's share of the GPU memory still free once trtllm-serve (`trtllm_spec`) holds its own.
+    """
     python = trtllm_python()
     if python is None:
         raise EngineUnavailable("no TensorRT-LLM environment python found for the scoring layer; "
                                 + HOW_TO_BUILD["trtllm"] + " (or set WORKBENCH_TRTLLM_PYTHON)")
     port = port or free_port()
-    argv = [str(python), "-m", "workbench.engines.trtllm_scoring_server", "--checkpoint", str(Path(checkpoint).resolve()),
+    ck = str(Path(checkpoint).resolve())
+    argv = [str(python), "-m", "workbench.engines.trtllm_scoring_server", "--checkpoint", ck,
             "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--max-beam-width", str(max_beam_width),
-            "--kv-fraction", str(kv_fraction)]
-    if mis_kwarg:
-        argv += ["--mis-kwarg", mis_kwarg]
+            "--kv-fraction", str(kv_fraction), "--multi-item", multi_item]
     if mis_delimiter is not None:
         argv += ["--mis-delimiter", str(mis_delimiter)]
-    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT)}
+    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT),
+           "WORKBENCH_TRTLLM_CHECKPOINT": ck}
     return ServerSpec("trtllm-scoring", tuple(argv), port, env, health_path="/health", startup_timeout_s=timeout_s)
 
 

@@ -1,6 +1,6 @@
 """TensorRT-LLM behind the workbench contract, over `trtllm-serve` (PyTorch backend).
 
-Pinned: `tensorrt-llm==1.3.0rc20` (environments/trtllm.yml): the first version with every feature
+Pinned: `tensorrt-llm==1.3.0rc20` (environments/trtllm.txt): the first version with every feature
 the reference study needed - multi-sequence beam search (1.2.0rc3), out-of-tree models in
 trtllm-serve via `--custom_module_dirs` (1.2.0rc4), embeddings through multimodal inputs
 (1.3.0rc0), multi-item scoring in the Python API (1.3.0rc20). It needs a CUDA GPU (and pins
@@ -11,7 +11,15 @@ is the first real run. Sources read:
 - `tensorrt_llm/serve/openai_protocol.py` (`CompletionRequest`: `prompt` as token ids, `n`,
   `best_of`, `use_beam_search`, `length_penalty`, `ignore_eos`, `logprobs`, `return_context_logits`,
   `detokenize`; extra fields are rejected (`extra="forbid"`); `CompletionResponseChoice`: `index`,
-  `text`, `token_ids`, `logprobs.token_logprobs`, `context_logits`).
+  `text`, `token_ids`, `logprobs`, `context_logits`). The fields sent are checked against the
+  recorded 1.3.0rc2x field list by tests/test_trtllm_source_contract.py (tests/trtllm_api_facts.json).
+  `logprobs` differs between versions: 1.3.0rc2x answers the OpenAI completion form
+  `CompletionLogProbs{token_logprobs: [float|null], tokens, top_logprobs, text_offset}`; earlier
+  1.x (e.g. the 2025 protocol) refused any truthy `logprobs` in the request ("logprobs is not
+  supported"). `_choice_logprobs` reads the OpenAI form, a chat-style `{content: [{logprob}]}` and a
+  bare list; a beam without per-token log-probs is re-scored from `context_logits`.
+- `tensorrt_llm/commands/serve.py` (trtllm-serve has no `--dtype`: the dtype and the KV-cache share
+  go in the `--extra_llm_api_options` YAML that `launcher.trtllm_spec` writes).
 - `examples/llm-api/out_of_tree_example/` (`--custom_module_dirs`, `@register_auto_model`) and
   `tensorrt_llm/inputs/registry.py` (`register_input_processor`, `attach_multimodal_embeddings`,
   `inputs["multi_modal_embeddings"]`) for the soft-token model in `trtllm_plugin/`.
@@ -54,6 +62,11 @@ _NO_LAYER = ("trtllm-serve's HTTP API has no field for it (Python LLM API only);
              "scoring layer (trtllm_scoring_server.py), which this adapter was built without: pass scoring_url= or "
              "scoring_layer=True")
 _LAYER = "through the workbench scoring layer (trtllm_scoring_server.py) around the LLM API: "
+_MULTI_ITEM = ("bfloat16/float16: one packed LLM.encode input per request (query <d> item_1 <d> ... with "
+               "multi_item_part_lens, encode_only LLM on the FLASHINFER attention backend, PR #14693); float32 is not "
+               "supported by that path (FlashInfer's fa2/fa3 kernels take fp16/bf16 only), so in float32 the layer "
+               "scores all items of a request as one batched LLM.encode call of query+item inputs and says so in "
+               "its /health (multi_item_reason)")
 
 
 def _log_softmax(row: list[float]) -> list[float]:
@@ -62,6 +75,39 @@ def _log_softmax(row: list[float]) -> list[float]:
     m = max(row)
     lse = m + math.log(sum(math.exp(x - m) for x in row))
     return [x - lse for x in row]
+
+
+def _choice_logprobs(lp) -> list[float | None] | None:
+    """Per-token log-probs of one `/v1/completions` choice, whatever form this trtllm-serve answers in.
+
+    - 1.3.0rc2x `CompletionLogProbs` (openai_protocol.py), the OpenAI completion form:
+      `{"token_logprobs": [float | null, ...], "tokens": [...], "top_logprobs": [...], "text_offset": [...]}`;
+    - a chat-style `{"content": [{"token", "logprob", ...}, ...]}` (`ChatCompletionLogProbs`);
+    - a bare list of floats, or of `{"logprob": x}` / `{token_id: x}` dicts.
+    None when there is nothing to read (e.g. `logprobs: null`).
+    """
+    if lp is None:
+        return None
+    if isinstance(lp, dict):
+        if lp.get("token_logprobs") is not None:
+            lp = lp["token_logprobs"]
+        elif lp.get("content") is not None:
+            lp = lp["content"]
+        else:
+            return None
+    if not isinstance(lp, list):
+        return None
+    out: list[float | None] = []
+    for x in lp:
+        if x is None or isinstance(x, (int, float)):
+            out.append(None if x is None else float(x))
+        elif isinstance(x, dict) and "logprob" in x:
+            out.append(float(x["logprob"]))
+        elif isinstance(x, dict) and len(x) == 1:  # {token_id: logprob} of the sampled token
+            out.append(float(next(iter(x.values()))))
+        else:
+            return None
+    return out
 
 
 class TRTLLMEngine(HTTPEngineBase):
@@ -99,9 +145,7 @@ class TRTLLMEngine(HTTPEngineBase):
                 "which projects it and replaces <|user|>; scoring from context_logits (label and sequence)"),
             "soft_token_beam_search": FeatureSupport(
                 nr, _LAYER + "generate() beam search with the multimodal embedding input"),
-            "multi_item_scoring": FeatureSupport(
-                nr, _LAYER + "all items of a request in one LLM.encode batch (encode_only LLM, PR #12801); the packed "
-                "single-sequence call of PR #14693 needs the layer's --mis-kwarg (keyword not verifiable here)"),
+            "multi_item_scoring": FeatureSupport(nr, _LAYER + _MULTI_ITEM),
             "fanout_scoring": FeatureSupport(
                 nr, "one /v1/completions per candidate with return_context_logits; log-softmax client-side"),
         }
@@ -116,6 +160,11 @@ class TRTLLMEngine(HTTPEngineBase):
         if not layer:
             for k in ("trie_constraint", "soft_token", "soft_token_beam_search", "multi_item_scoring"):
                 f[k] = FeatureSupport(Support.UNSUPPORTED, _NO_LAYER)
+        elif str(self.dtype).lower() in ("float32", "fp32", "float"):
+            f["multi_item_scoring"] = FeatureSupport(
+                Support.NATIVE, _LAYER + "float32: all items as one batched LLM.encode call of query+item inputs; "
+                "the packed multi-item call (multi_item_part_lens, FLASHINFER) needs bfloat16/float16, FlashInfer's "
+                "fa2/fa3 kernels take no float32")
         return Capabilities("trtllm", f)
 
     async def _post_layer(self, path: str, body: dict) -> dict:
@@ -165,13 +214,22 @@ class TRTLLMEngine(HTTPEngineBase):
                 "use_beam_search": True, "max_tokens": r.max_new_tokens, "ignore_eos": True,
                 "length_penalty": 0.0, "logprobs": 1, "detokenize": False, "temperature": 1.0}
         out = await self._post("/v1/completions", body)
-        beams = []
+        beams, missing = [], []
         for ch in sorted(out["choices"], key=lambda c: c["index"]):
             ids = ch.get("token_ids")
             if ids is None:
                 raise RuntimeError("trtllm-serve returned no token_ids for a beam (detokenize=False expected them)")
-            lps = ch["logprobs"]["token_logprobs"]
-            beams.append(Beam([int(t) for t in ids], float(sum(lps))))
+            ids = [int(t) for t in ids]
+            lps = _choice_logprobs(ch.get("logprobs"))
+            if lps is None or len(lps) != len(ids) or any(x is None for x in lps):
+                missing.append(len(beams))
+                lps = []
+            beams.append(Beam(ids, float(sum(lps))))
+        if missing:  # a version without per-token log-probs: the raw log-probs from one context-logits pass each
+            prompt = list(r.prompt.token_ids)
+            rescored = await asyncio.gather(*(self._sequence_logprob(prompt, beams[i].token_ids) for i in missing))
+            for i, lp in zip(missing, rescored):
+                beams[i] = Beam(beams[i].token_ids, lp)
         beams.sort(key=lambda b: -b.cum_logprob)
         return beams
 
@@ -208,15 +266,25 @@ class TRTLLMEngine(HTTPEngineBase):
             return [float(row[0]) for row in rows]
         return [[float(x) for x in row] for row in rows]
 
-    async def _score_candidate(self, r: ScoreRequest, cand) -> float | list[float]:
-        p = list(r.prompt.token_ids)
-        seq = p + list(cand)
+    async def _context_logits(self, seq: list[int]) -> list:
+        """[len(seq), vocab] prompt-position logits of `seq` from one `/v1/completions` call."""
         body = {"prompt": seq, "max_tokens": 1, "return_context_logits": True, "detokenize": False,
                 "temperature": 1.0, "ignore_eos": True}
         out = await self._post("/v1/completions", body)
-        logits = out["choices"][0]["context_logits"]  # [len(seq), vocab]: logits at every prompt position
-        if len(logits) != len(seq):
-            raise RuntimeError(f"context_logits has {len(logits)} rows for a {len(seq)}-token prompt")
+        logits = out["choices"][0].get("context_logits")  # [len(seq), vocab]: logits at every prompt position
+        if logits is None or len(logits) != len(seq):
+            n = "no" if logits is None else len(logits)
+            raise RuntimeError(f"context_logits has {n} rows for a {len(seq)}-token prompt")
+        return logits
+
+    async def _sequence_logprob(self, prompt: list[int], toks: list[int]) -> float:
+        logits = await self._context_logits(prompt + list(toks))
+        return float(sum(_log_softmax(logits[len(prompt) + j - 1])[t] for j, t in enumerate(toks)))
+
+    async def _score_candidate(self, r: ScoreRequest, cand) -> float | list[float]:
+        p = list(r.prompt.token_ids)
+        seq = p + list(cand)
+        logits = await self._context_logits(seq)
         if r.mode == "sequence":
             return sum(_log_softmax(logits[len(p) + j - 1])[t] for j, t in enumerate(cand))
         last = _log_softmax(logits[-1])

@@ -24,20 +24,33 @@ Routes (bodies shaped like SGLang 0.5.23's `/v1/score`, `ScoringRequest` / `Scor
   banned_items} -> {beams: [{token_ids, cum_logprob}]} best first.
 - `GET /health`, `GET /v1/models`.
 
-TensorRT-LLM calls (1.3.0rc20; written against these, never run on the CPU machines where this was
-written - `scripts/validate_gpu_engines.sh` is the first real run):
-- plain scoring: `LLM(model, encode_only=True)` + `LLM.encode(inputs, batch_indexed_model_output=False)`
-  (NVIDIA/TensorRT-LLM PR #12801 "Add llm.encode() fast path", merged 2026-04-27: `encode(inputs,
-  add_special_tokens, batch_indexed_model_output, copy_logits_to_host, return_raw_logits,
-  **model_kwargs) -> EncoderOutput | List[EncoderOutput]`, `EncoderOutput.logits`; signature as
-  documented for `MultimodalEncoder.encode` in the 1.4.0rc1 API reference). All items of one request
-  go into one `encode` batch of `query + item` sequences (the query is recomputed per item).
-- multi-item scoring proper (one packed sequence `query <d> item_1 <d> ... item_N <d>` with
-  FlashInfer's item-aware mask) was added to `LLM.encode` by PR #14693 (TRTLLM-12982, in
-  1.3.0rc20). The keyword that carries the item boundaries could not be read from any source
-  available where this was written, so the packed call takes its keyword from `--mis-kwarg NAME`
-  (the value passed is the list of delimiter positions); without it the layer uses the batched
-  path above and says so in `/health` (`"multi_item": "batched"`).
+TensorRT-LLM calls (1.3.0rc2x sources, read from NVIDIA/TensorRT-LLM; the facts the tests check are in
+tests/trtllm_api_facts.json; never run on the CPU machines where this was written -
+`scripts/validate_gpu_engines.sh` is the first real run):
+- `LLM(model, dtype, encode_only=True[, attn_backend="FLASHINFER"])` and `LLM.encode(inputs,
+  batch_indexed_model_output=False)` (`tensorrt_llm/llmapi/llm.py`: `encode(self, inputs,
+  add_special_tokens=True, batch_indexed_model_output=True, copy_logits_to_host=True,
+  return_raw_logits=False, **model_kwargs)`; every unknown keyword lands in `**model_kwargs` and is
+  passed to the model's forward, so nothing else may be given). With `batch_indexed_model_output=False`
+  the forward runs with `gather_context_logits=True` and each `EncoderOutput.logits` is the request's
+  slice `[len(prompt_token_ids), vocab]` of the packed logits: row t predicts token t+1.
+- multi-item scoring (PR #14693, TRTLLM-12982): one input per request, `{"prompt_token_ids": query <d>
+  item_1 <d> ... item_N <d>, "multi_item_part_lens": [len(query), len(item_1), ..., len(item_N)]}`
+  (`encode` checks `sum(part_lens) + len(part_lens) == len(prompt_token_ids)` and that either all
+  inputs of a call carry part lengths or none). Only the FlashInfer attention backend supports it
+  (`FlashInferAttention.support_multi_item_scoring`, `tensorrt_llm/_torch/attention_backend/
+  flashinfer.py`; VANILLA/TRTLLM raise "Attention does not support multi-item scoring"), through its
+  fa2/fa3 paged prefill kernels, which take fp16/bf16 only: so the packed path needs bfloat16 or
+  float16, and float32 falls back to the batched path below with the reason in `/health`
+  (`--multi-item packed` with float32 refuses to start). What is read follows the upstream LLM-API
+  test of this feature (tests/unittest/llmapi/, `test_multi_item_and_single_item_agreement` with
+  `_split_multi_item_sequence`): the rows of the query and of each item's tokens equal those of the
+  plain sequence `query + item_i`; the delimiter rows are compared nowhere, so none is read: label
+  log-probs come from the row of the item's last token, sequence log-probs from the query's last row
+  (first item token) and the item's own rows. The delimiter id is then irrelevant to the result
+  (`--mis-delimiter`, default 0).
+- batched scoring (float32, an empty query, or `--multi-item batched`): all items of a request go into
+  one `encode` call as separate `query + item` inputs (the query is recomputed per item).
 - soft token: the generation `LLM` (the plugin module imported first, so its `@register_auto_model`
   classes replace Qwen3/Llama) gets `{"prompt_token_ids": ids, "multi_modal_embeddings":
   {"user": [vector]}}` (embeddings as multimodal inputs, >= 1.3.0rc0; see trtllm_plugin/);
@@ -60,7 +73,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 
@@ -108,8 +121,9 @@ def item_logprobs(logp: np.ndarray, n_query: int, item: Sequence[int], job: Scor
     return [float(logp[-1, t]) for t in job.label_token_ids]
 
 
-def packed_sequence(query: Sequence[int], items: Sequence[Sequence[int]], delimiter: int) -> tuple[list[int], list[int]]:
-    """`query <d> item_1 <d> ... item_N <d>` and the delimiter positions (SGLang's and PR #14693's layout)."""
+def packed_sequence(query: Sequence[int], items: Sequence[Sequence[int]],
+                    delimiter: int) -> tuple[list[int], list[int]]:
+    """`query <d> item_1 <d> ... item_N <d>` and the delimiter positions (PR #14693's and SGLang's layout)."""
     seq, delims = list(query), []
     for it in items:
         delims.append(len(seq))
@@ -118,6 +132,61 @@ def packed_sequence(query: Sequence[int], items: Sequence[Sequence[int]], delimi
     delims.append(len(seq))
     seq.append(delimiter)
     return seq, delims
+
+
+def multi_item_part_lens(query: Sequence[int], items: Sequence[Sequence[int]]) -> list[int]:
+    """`[len(query), len(item_1), ...]`: what `LLM.encode` takes as `multi_item_part_lens` for `packed_sequence`."""
+    return [len(query)] + [len(it) for it in items]
+
+
+def packed_item_logprobs(logp: np.ndarray, query: Sequence[int], items: Sequence[Sequence[int]], delims: list[int],
+                         job: ScoreJob) -> list[list[float]]:
+    """Per-item results from the log-softmaxed logits [len(packed), vocab] of one packed multi-item sequence.
+
+    Only rows the upstream test pins to the single-sequence ones are read (module docstring): the
+    query's last row predicts an item's first token, the row of item token j-1 predicts token j, and
+    the row of the item's last token holds the label distribution after the item.
+    """
+    n_q = len(query)
+    if n_q == 0:
+        raise RuntimeError("packed multi-item scoring needs a non-empty query")
+    if logp.shape[0] != delims[-1] + 1:
+        raise RuntimeError(f"got logits for {logp.shape[0]} positions, expected {delims[-1] + 1} (packed sequence)")
+    res = []
+    for i, it in enumerate(items):
+        start = delims[i] + 1  # the item's first token
+        if job.mode == "sequence":
+            rows = [n_q - 1] + [start + j - 1 for j in range(1, len(it))]
+            res.append([float(sum(logp[r, t] for r, t in zip(rows, it)))])
+        else:
+            res.append([float(logp[start + len(it) - 1, t]) for t in job.label_token_ids])
+    return res
+
+
+FP32_NAMES = {"float32", "fp32", "float", "torch.float32"}
+HALF_NAMES = {"bfloat16", "bf16", "float16", "fp16", "half", "torch.bfloat16", "torch.float16"}
+MULTI_ITEM_DTYPE_REASON = ("TensorRT-LLM multi-item scoring (LLM.encode with multi_item_part_lens) runs only on the "
+                           "FlashInfer attention backend, whose fa2/fa3 prefill kernels take bfloat16/float16: float32 "
+                           "is not supported")
+
+
+def resolve_multi_item(requested: str, dtype: str) -> tuple[bool, str]:
+    """(use the packed multi-item call, reason) for `--multi-item` `requested` at model `dtype` (resolved, not 'auto').
+
+    `packed` with float32 is refused (ValueError) rather than silently scored another way; `auto`
+    falls back to batched scoring with the reason, which `/health` reports.
+    """
+    d = str(dtype).lower()
+    if requested not in ("auto", "packed", "batched"):
+        raise ValueError(f"--multi-item must be auto, packed or batched, not {requested!r}")
+    if requested == "batched":
+        return False, "batched: --multi-item batched"
+    if d in HALF_NAMES:
+        return True, f"packed: multi_item_part_lens on the FlashInfer backend in {d}"
+    if requested == "packed":
+        raise ValueError(f"--multi-item packed with dtype {dtype!r}: {MULTI_ITEM_DTYPE_REASON}; serve in bfloat16 "
+                         "or float16, or use --multi-item batched")
+    return False, f"batched: {MULTI_ITEM_DTYPE_REASON} (dtype {dtype})"
 
 
 class LLMScorer:
@@ -129,12 +198,13 @@ class LLMScorer:
     contract tests can pass stand-ins without importing tensorrt_llm.
     """
 
-    def __init__(self, encode_llm, gen_llm, api, *, catalog=None, vocab_size: int, mis_kwarg: str | None = None,
-                 mis_delimiter: int | None = None):
+    def __init__(self, encode_llm, gen_llm, api, *, catalog=None, vocab_size: int, multi_item: bool = False,
+                 mis_delimiter: int = 0, multi_item_reason: str = ""):
         self.encode_llm, self.gen_llm, self.api = encode_llm, gen_llm, api
         self.catalog = catalog
         self.vocab_size = vocab_size
-        self.mis_kwarg, self.mis_delimiter = mis_kwarg, mis_delimiter
+        self.multi_item, self.mis_delimiter = multi_item, int(mis_delimiter)
+        self.multi_item_reason = multi_item_reason or ("packed" if multi_item else "batched")
 
     # -- scoring --
 
@@ -148,7 +218,7 @@ class LLMScorer:
                 raise RequestError(f"token ids outside the vocabulary [0, {self.vocab_size})")
         if job.user_vector is not None:
             return self._score_soft(job)
-        if self.mis_kwarg and job.mode == "label" and self.mis_delimiter is not None:
+        if self.multi_item and job.query:  # the packed layout needs a query row to predict each first item token
             return self._score_packed(job)
         return self._score_batched(job)
 
@@ -168,14 +238,16 @@ class LLMScorer:
         return res
 
     def _score_packed(self, job: ScoreJob) -> list[list[float]]:
+        """One `LLM.encode` input per request: the packed sequence and its `multi_item_part_lens`."""
         seq, delims = packed_sequence(job.query, job.items, self.mis_delimiter)
-        out = self.encode_llm.encode({"prompt_token_ids": seq}, batch_indexed_model_output=False,
-                                     **{self.mis_kwarg: delims})
-        out = out[0] if isinstance(out, list) else out
-        logp = _log_softmax_rows(_as_numpy(out.logits))  # [len(seq), vocab]
-        # the label distribution after item i is the one predicting the delimiter that closes it,
-        # i.e. the row of the item's last token: delims[i + 1] - 1
-        return [[float(logp[delims[i + 1] - 1, t]) for t in job.label_token_ids] for i in range(len(job.items))]
+        inp = {"prompt_token_ids": seq, "multi_item_part_lens": multi_item_part_lens(job.query, job.items)}
+        # a list of one input, so the answer is a list of one EncoderOutput (llm.py: a non-list input is unbatched)
+        outs = self.encode_llm.encode([inp], batch_indexed_model_output=False)
+        out = outs[0] if isinstance(outs, list) else outs
+        logits = _as_numpy(out.logits)  # [len(seq), vocab]: the request's slice of the token-indexed logits
+        if logits.ndim != 2:
+            raise RuntimeError(f"LLM.encode returned logits of shape {logits.shape}; expected [tokens, vocab]")
+        return packed_item_logprobs(_log_softmax_rows(logits), job.query, job.items, delims, job)
 
     def _soft_prompt(self, ids: Sequence[int], user_vector) -> dict:
         return {"prompt_token_ids": list(ids), "multi_modal_embeddings": {USER_MODALITY: [list(user_vector)]}}
@@ -289,7 +361,8 @@ def create_app(scorer: LLMScorer, model_name: str = "workbench"):
 
     @app.get("/health")
     def health():
-        return {"status": "ok", "multi_item": "packed" if scorer.mis_kwarg else "batched"}
+        return {"status": "ok", "multi_item": "packed" if scorer.multi_item else "batched",
+                "multi_item_reason": scorer.multi_item_reason}
 
     @app.get("/v1/models")
     def models():
@@ -340,38 +413,79 @@ def create_app(scorer: LLMScorer, model_name: str = "workbench"):
 # ---- building the real TensorRT-LLM backend (GPU host only) -----------------------------------------
 
 
-def build_scorer(checkpoint, dtype: str = "auto", max_beam_width: int = 32, mis_kwarg: str | None = None,
+def checkpoint_dtype(checkpoint) -> str:
+    """The dtype `LLM(dtype="auto")` would load: the checkpoint config's `torch_dtype` (or `dtype`), else float32."""
+    import json
+
+    raw = json.loads((Path(checkpoint) / "config.json").read_text())
+    for cfg in (raw, raw.get("text_config") or {}):
+        for key in ("torch_dtype", "dtype"):  # transformers 4.x writes torch_dtype, 5.x dtype
+            if cfg.get(key):
+                return str(cfg[key])
+    return "float32"
+
+
+def llm_kwargs(model_dir: str, dtype: str, *, max_beam_width: int, multi_item: bool,
+               kv_cache_config) -> tuple[dict, dict]:
+    """Keyword arguments of the two `LLM(...)` calls: (encode-only LLM, generation LLM).
+
+    Every key must be a `TorchLlmArgs` field (llm.py's BaseLLM.__init__ rejects any other with
+    "got invalid argument"); tests/test_trtllm_source_contract.py checks them against the facts
+    recorded from the 1.3.0rc2x sources. The encode-only LLM needs no KV cache, so only the generation
+    LLM gets `kv_cache_config` (its `free_gpu_memory_fraction` leaves room for trtllm-serve on the GPU).
+    """
+    enc = {"model": model_dir, "dtype": dtype, "encode_only": True}
+    if multi_item:  # the only attention backend with multi-item scoring (module docstring)
+        enc["attn_backend"] = "FLASHINFER"
+    gen = {"model": model_dir, "dtype": dtype, "max_beam_width": max_beam_width, "kv_cache_config": kv_cache_config}
+    return enc, gen
+
+
+def kv_cache_kwargs(kv_fraction: float) -> dict:
+    """`KvCacheConfig(...)` of the generation LLM (fields of llm_args.py's KvCacheConfig)."""
+    return {"free_gpu_memory_fraction": float(kv_fraction), "enable_block_reuse": False}
+
+
+def build_scorer(checkpoint, dtype: str = "auto", max_beam_width: int = 32, multi_item: str = "auto",
                  mis_delimiter: int | None = None, kv_fraction: float = 0.3) -> LLMScorer:
     """Load the checkpoint twice through the LLM API (encode-only and generation); needs tensorrt_llm + CUDA."""
+    import os
+
+    ck = Path(checkpoint).resolve()
+    # float32 + --multi-item packed is refused before anything heavy is imported or loaded
+    use_mis, reason = resolve_multi_item(multi_item, checkpoint_dtype(ck) if dtype == "auto" else dtype)
     try:
         import tensorrt_llm  # noqa: F401
         from tensorrt_llm import LLM, SamplingParams
         from tensorrt_llm.llmapi import KvCacheConfig
         from tensorrt_llm.sampling_params import LogitsProcessor
     except ImportError as e:
+        from workbench.engines.launcher import HOW_TO_BUILD
+
         raise EngineUnavailable(
             f"the TensorRT-LLM scoring layer needs tensorrt_llm {TRTLLM_VERSION} ({e}); run it with the TensorRT-LLM "
-            "environment's python on a GPU host (`conda env create -p .venvs/trtllm -f environments/trtllm.yml`)"
+            f"environment's python on a GPU host ({HOW_TO_BUILD['trtllm']})"
         ) from e
-    import json
-
     from workbench.engines.launcher import serving_dir
 
-    ck = Path(checkpoint).resolve()
+    # the plugin finds workbench.json and projector.safetensors through the serving view's config.json
+    # symlink; this names the checkpoint outright for a model directory that is a copy
+    os.environ.setdefault("WORKBENCH_TRTLLM_CHECKPOINT", str(ck))
     # registers SoftTokenQwen3ForCausalLM / SoftTokenLlamaForCausalLM (out-of-tree models) before loading
     import workbench.engines.trtllm_plugin  # noqa: F401
 
-    model_dir = str(serving_dir(ck))
-    kv = KvCacheConfig(free_gpu_memory_fraction=kv_fraction, enable_block_reuse=False)
-    encode_llm = LLM(model=model_dir, dtype=dtype, encode_only=True)
-    gen_llm = LLM(model=model_dir, dtype=dtype, max_beam_width=max_beam_width, kv_cache_config=kv,
-                  gather_generation_logits=False)
+    enc_kw, gen_kw = llm_kwargs(str(serving_dir(ck)), dtype, max_beam_width=max_beam_width, multi_item=use_mis,
+                                kv_cache_config=KvCacheConfig(**kv_cache_kwargs(kv_fraction)))
+    encode_llm = LLM(**enc_kw)
+    gen_llm = LLM(**gen_kw)
     catalog = None
     if (ck / "catalog.npz").exists():
         from workbench.model.checkpoint import read_meta
         from workbench.sids.layout import Catalog
 
         catalog = Catalog(np.load(ck / "catalog.npz")["item_codes"], read_meta(ck).layout)
+    import json
+
     cfg = json.loads((ck / "config.json").read_text())
     cfg = cfg.get("text_config", cfg)
 
@@ -380,11 +494,12 @@ def build_scorer(checkpoint, dtype: str = "auto", max_beam_width: int = 32, mis_
 
     api = _API()
     api.SamplingParams, api.LogitsProcessor = SamplingParams, LogitsProcessor
-    return LLMScorer(encode_llm, gen_llm, api, catalog=catalog, vocab_size=int(cfg["vocab_size"]),
-                     mis_kwarg=mis_kwarg, mis_delimiter=mis_delimiter)
+    return LLMScorer(encode_llm, gen_llm, api, catalog=catalog, vocab_size=int(cfg["vocab_size"]), multi_item=use_mis,
+                     mis_delimiter=0 if mis_delimiter is None else mis_delimiter, multi_item_reason=reason)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line (`launcher.trtllm_scoring_spec` builds it; the tests parse that back)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="workbench checkpoint directory (HF weights + workbench.json)")
@@ -392,14 +507,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=8001, help="TCP port")
     p.add_argument("--dtype", default="auto", help="model dtype passed to LLM(dtype=...)")
     p.add_argument("--max-beam-width", type=int, default=32, help="LLM(max_beam_width=...) of the generation LLM")
-    p.add_argument("--mis-kwarg", default=None,
-                   help="LLM.encode keyword that takes the delimiter positions of a packed multi-item sequence "
-                        "(PR #14693); unset: score items as one batched encode call")
-    p.add_argument("--mis-delimiter", type=int, default=None, help="token id placed between items when packing")
+    p.add_argument("--multi-item", choices=["auto", "packed", "batched"], default="auto",
+                   help="multi-item scoring: one packed LLM.encode input per request (multi_item_part_lens, "
+                        "FlashInfer, bfloat16/float16 only) or one encode input per item; auto: packed unless float32")
+    p.add_argument("--mis-delimiter", type=int, default=None, help="token id placed between items when packing (0)")
     p.add_argument("--kv-fraction", type=float, default=0.3, help="free GPU memory fraction for the KV cache")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
     t0 = time.perf_counter()
-    scorer = build_scorer(a.checkpoint, a.dtype, a.max_beam_width, a.mis_kwarg, a.mis_delimiter, a.kv_fraction)
+    scorer = build_scorer(a.checkpoint, a.dtype, a.max_beam_width, a.multi_item, a.mis_delimiter, a.kv_fraction)
     print(f"[trtllm-scoring] models loaded in {time.perf_counter() - t0:.1f} s; serving on {a.host}:{a.port}",
           file=sys.stderr, flush=True)
     import uvicorn

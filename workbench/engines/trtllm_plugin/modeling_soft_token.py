@@ -12,8 +12,9 @@ So the user vector travels as a one-row "user" embedding, and this module:
 2. subclasses the built-in `Qwen3ForCausalLM` / `LlamaForCausalLM` (`@register_auto_model` under the
    same architecture names, so an out-of-tree registration claims the slot, as the model-zoo note in
    `tensorrt_llm/_torch/models/__init__.py` describes) and, in `forward`, embeds the tokens, projects
-   the vector with the checkpoint's projector (`projector.safetensors`, loaded next to the weights)
-   and writes it at the placeholder positions before the decoder runs.
+   the vector with the checkpoint's projector (`projector.safetensors`, found through
+   `checkpoint_files.py`: the serving view TensorRT-LLM loads leaves it out) and writes it at the
+   placeholder positions before the decoder runs.
 
 Pattern and APIs from TensorRT-LLM 1.3.0rc20: `examples/llm-api/out_of_tree_example/modeling_opt.py`
 (`DecoderModelForCausalLM`, `register_auto_model`), `tensorrt_llm/inputs/registry.py`
@@ -24,9 +25,7 @@ it through scripts/validate_gpu_engines.sh.
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
 import torch
 from tensorrt_llm._torch.models.modeling_llama import LlamaForCausalLM
@@ -39,16 +38,9 @@ from tensorrt_llm.inputs.registry import (
     register_input_processor,
 )
 
+from .checkpoint_files import CHECKPOINT_ENV, projector_file, workbench_meta
+
 USER_MODALITY = "user"  # the multimodal key the workbench sends the user vector under
-
-
-def _workbench_meta(model_dir: str | os.PathLike) -> dict:
-    """The checkpoint's workbench.json (the serving view links to the original directory)."""
-    for d in (Path(model_dir), Path(model_dir).resolve(), (Path(model_dir) / "config.json").resolve().parent):
-        f = d / "workbench.json"
-        if f.exists():
-            return json.loads(f.read_text())
-    raise FileNotFoundError(f"no workbench.json next to {model_dir}; serve a workbench checkpoint directory")
 
 
 class SoftTokenInputProcessor(BaseMultimodalInputProcessor):
@@ -94,8 +86,11 @@ class _SoftTokenMixin:
 
     def _init_soft_token(self, model_config) -> None:
         cfg = model_config.pretrained_config
-        model_dir = getattr(cfg, "_name_or_path", "") or os.environ.get("WORKBENCH_TRTLLM_CHECKPOINT", "")
-        meta = _workbench_meta(model_dir)
+        # `_name_or_path` is the serving view (launcher.serving_dir), which leaves the projector out:
+        # checkpoint_files resolves the checkpoint behind it (config.json's symlink target, else the
+        # launcher's WORKBENCH_TRTLLM_CHECKPOINT) for workbench.json and projector.safetensors alike.
+        model_dir = getattr(cfg, "_name_or_path", "") or os.environ.get(CHECKPOINT_ENV, "")
+        meta = workbench_meta(model_dir)
         layout = meta["layout"]
         n_levels = len(layout["item_codebooks"])
         # same id arithmetic as workbench.sids.layout.SidLayout.placeholder_id (first special token)
@@ -107,7 +102,7 @@ class _SoftTokenMixin:
         if proj_cfg:
             from safetensors.torch import load_file
 
-            state = load_file(str(Path(model_dir).resolve() / "projector.safetensors"))
+            state = load_file(str(projector_file(model_dir)))
             hidden = int(proj_cfg["hidden_size"])
             if proj_cfg.get("kind", "linear") == "linear":
                 net = torch.nn.Linear(int(proj_cfg["in_dim"]), hidden)
