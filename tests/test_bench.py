@@ -156,6 +156,18 @@ def test_sweep_over_http_workbench_serve(bench_checkpoint, store):
     assert logs == ["server_logs/torch-server.log"]
 
 
+def test_torch_variant_options_reach_the_server(bench_checkpoint, store):
+    """`options: {quantize: int8}` on an http torch entry goes on the `workbench serve` command line (the server
+    runs torch-int8), not into the HTTP client (which has no such knob)."""
+    cfg = config(bench_checkpoint, [{"name": "torch", "transport": "http", "threads": 1, "options": {"quantize": "int8"}}],
+                 rates=[6.0], requests_per_rate=6)  # fmt: skip
+    res = run_bench(cfg, progress=False)
+    (child,) = res.children
+    assert child.error is None, child.error
+    log = open(store.download_artifacts(res.parent_run_id, "server_logs/torch-server.log")).read()
+    assert "engine torch-int8 (float32)" in log, log[-2000:]
+
+
 @pytest.mark.parametrize("flags,want", [("avx2", "float32"), ("avx2 avx512f avx512_bf16", "bfloat16"),
                                         ("avx2 avx512f avx512_bf16 amx_bf16 amx_tile", "bfloat16")])
 def test_dtype_auto_follows_the_cpu(flags, want, monkeypatch):

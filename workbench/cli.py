@@ -70,6 +70,7 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_serve(args) -> int:
+    from workbench.engines import torch_options
     from workbench.engines.serving.serve import serve
 
     serve(
@@ -78,6 +79,7 @@ def _cmd_serve(args) -> int:
         host=args.host,
         port=args.port,
         dtype=args.dtype,
+        **torch_options.from_args(args, args.engine),
     )
     return 0
 
@@ -159,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8100, help="TCP port, 1-65535 (checked before the model loads)")
     s.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16"],
                    help="auto: bfloat16 where the CPU has AMX or AVX512-BF16, else float32")
+    from workbench.engines import torch_options
+
+    torch_options.add_flags(s)
     s.set_defaults(func=_cmd_serve)
 
     s = sub.add_parser("microbench", help="torch engine vs hf baseline, side by side (prints ratios)")

@@ -17,9 +17,8 @@ FLAGS_THAT_MATTER = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
 
 @lru_cache(maxsize=1)
-def cpu_info() -> dict[str, str]:
-    """{"cpu_model": ..., "cpu_flags": "avx2 avx512f ..."} (only the flags that matter, as present)."""
-    model, flags = platform.processor() or platform.machine(), set()
+def _cpu_model_and_flags() -> tuple[str, frozenset[str]]:
+    model, flags = platform.processor() or platform.machine(), frozenset()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -27,11 +26,23 @@ def cpu_info() -> dict[str, str]:
                 if key.strip() == "model name" and model in ("", platform.machine()):
                     model = value.strip()
                 elif key.strip() == "flags":
-                    flags = set(value.split())
+                    flags = frozenset(value.split())
                     break
     except OSError:
         pass
+    return model, flags
+
+
+@lru_cache(maxsize=1)
+def cpu_info() -> dict[str, str]:
+    """{"cpu_model": ..., "cpu_flags": "avx2 avx512f ..."} (only the flags that matter, as present)."""
+    model, flags = _cpu_model_and_flags()
     return {"cpu_model": model, "cpu_flags": " ".join(f for f in FLAGS_THAT_MATTER if f in flags)}
+
+
+def has_cpu_flag(flag: str) -> bool:
+    """Whether /proc/cpuinfo lists `flag` (False where it cannot be read), e.g. avx512_vnni for the int8 kernels."""
+    return flag in _cpu_model_and_flags()[1]
 
 
 def has_bf16_instructions() -> bool:

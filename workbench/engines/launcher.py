@@ -345,12 +345,15 @@ SPEC_BUILDERS = {"vllm": vllm_spec, "sglang": sglang_spec, "trtllm": trtllm_spec
 
 
 def workbench_serve_spec(checkpoint, engine: str = "torch", dtype: str = "float32", port: int | None = None,
-                         threads: int | None = None) -> ServerSpec:
+                         threads: int | None = None, compile: bool = False, quantize: str | None = None) -> ServerSpec:
     """`workbench serve` on `checkpoint` (the in-process engines behind HTTP), healthy once `/ready`: after the
-    server's own warm-up request, so nothing measured overlaps it. The one place this command line is built."""
+    server's own warm-up request (and, with `compile`, its compilation), so nothing measured overlaps it. The
+    one place this command line is built; `compile` / `quantize` are the torch engine's variants
+    (engines/torch_options.py)."""
     port = free_port() if port is None else port
     argv = (sys.executable, "-m", "workbench.cli", "serve", "--checkpoint", str(checkpoint), "--engine", engine,
-            "--port", str(port), "--dtype", dtype)  # fmt: skip
+            "--port", str(port), "--dtype", dtype, *(["--compile"] if compile else []),
+            *(["--quantize", quantize] if quantize else []))  # fmt: skip
     env = {"PYTHONUNBUFFERED": "1", **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     return ServerSpec(engine, argv, port, env=env, startup_timeout_s=180.0, health_path="/ready")
 

@@ -52,6 +52,7 @@ from workbench.engines.base import (
     validate_score_request,
 )
 from workbench.engines.checks import validate_constraint, validate_projected
+from workbench.engines.torch_options import variant_name
 from workbench.engines.torch_search import (
     KVLayout,
     banned_counts_by_depth,
@@ -130,22 +131,32 @@ class TorchEngine:
         max_candidate_tokens: int = 64,
         num_threads: int | None = None,
         batch_invariant: bool = False,
+        compile: bool = False,
+        quantize: str | None = None,
     ):
         """`batch_invariant`: fixed-size GEMM row blocks so results are identical whatever shares a
-        batch, also with several BLAS threads (opt-in: costs up to ~2x on small decode batches)."""
+        batch, also with several BLAS threads (opt-in: costs up to ~2x on small decode batches).
+        `compile`: the per-layer elementwise work as fused torch.compile kernels, compiled and warmed up
+        here (torch_fused.py; eager with a warning where compiling fails).
+        `quantize="int8"`: dynamic int8 layer GEMMs, float32 only (torch_int8.py).
+        Both are off by default; either one names the engine apart (`variant_name`)."""
         torch = _import_torch()
         from workbench.model.checkpoint import LoadedCheckpoint, load_checkpoint
-        from workbench.engines.torch_model import FastLM
+        from workbench.engines.torch_model import FastLM, check_options
 
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise RequestError(f"device {device!r} requested but torch sees no CUDA device; use device='cpu'")
+        check_options(getattr(torch, dtype), device, batch_invariant, quantize)  # before the checkpoint loads
         if num_threads:
             torch.set_num_threads(int(num_threads))
         ck = checkpoint if isinstance(checkpoint, LoadedCheckpoint) else load_checkpoint(checkpoint, dtype=dtype, device=device)
         self.checkpoint = ck
         self.dtype = dtype
         self.device = torch.device(device)
-        self.lm = FastLM(ck.model, device=self.device, dtype=getattr(torch, dtype), batch_invariant=batch_invariant)
+        self.lm = FastLM(ck.model, device=self.device, dtype=getattr(torch, dtype), batch_invariant=batch_invariant,
+                         compile=compile, quantize=quantize)
+        # what actually runs: a compile that fell back to eager is plain "torch" again
+        self.name = variant_name(self.lm.compiled, quantize)
         self._kv = KVLayout.of(self.lm, self.device)
         self.projector = ck.projector.to(self.device) if ck.projector is not None else None
         self.catalog = ck.catalog
@@ -196,13 +207,12 @@ class TorchEngine:
 
     def capabilities(self) -> Capabilities:
         caps = self.static_capabilities()
+        feats = dict(caps.features)
         if self.projector is None:
-            feats = dict(caps.features)
             why = "this checkpoint has no soft-token projector"
             feats["soft_token"] = FeatureSupport(Support.UNSUPPORTED, why)
             feats["soft_token_beam_search"] = FeatureSupport(Support.UNSUPPORTED, why)
-            caps = Capabilities(engine="torch", features=feats)
-        return caps
+        return Capabilities(engine=self.name, features=feats)
 
     def prompt_logits(self, prompt):
         """Logits [L, vocab] of the prompt (soft token applied) through the engine's own forward.

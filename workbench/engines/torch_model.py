@@ -16,21 +16,36 @@ Numerics follow the HF modules (RMSNorm in float32, RoPE from the model's own ro
 `head_dim ** -0.5` scaling) so fp32 results match `transformers` to ~1e-6.
 
 Shapes: H query heads, Hkv KV heads, g = H // Hkv, D head dim; query head h uses KV head h // g.
+
+Two opt-in variants, both off by default (the default forward is the plain eager one):
+- `compile=True`: the elementwise work between a layer's GEMMs and its attention (`LayerOps`: q/k
+  norm + RoPE, residual add + RMSNorm, silu * mul) runs as torch.compile (inductor) kernels,
+  built and warmed up at construction (torch_fused.py); the GEMMs and the attention stay as they are.
+- `quantize="int8"`: the layer GEMMs (qkv, o, gate_up, down) run PyTorch's dynamic int8 kernel
+  (torch_int8.py); embeddings, norms, attention and the lm_head stay in float32.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from workbench.engines.torch_options import QUANTIZE_MODES
+from workbench.errors import UsageError
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "llama")
 
 
 class UnsupportedModel(ValueError):
     pass
+
+
+class UnsupportedOption(UsageError, ValueError):
+    """An engine option (or combination) this forward cannot run, e.g. int8 with bfloat16."""
 
 
 def rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor:
@@ -50,15 +65,21 @@ MIN_ROWS = 4
 BLOCK_ROWS = 256
 
 
-def linear(x: Tensor, w: Tensor, b: Tensor | None = None, blocked: bool = False) -> Tensor:
+def matmul(x: Tensor, w, b: Tensor | None = None) -> Tensor:
+    """x @ w.T + b: F.linear, or the weight's own kernel when it is a quantized one (a callable such
+    as torch_int8.Int8Linear, whose bias is packed with it)."""
+    return F.linear(x, w, b) if isinstance(w, Tensor) else w(x)
+
+
+def linear(x: Tensor, w, b: Tensor | None = None, blocked: bool = False) -> Tensor:
     n = x.shape[0]
     if blocked and n > MIN_ROWS:
         pad = (-n) % BLOCK_ROWS
         xp = F.pad(x, (0, 0, 0, pad)) if pad else x
-        return torch.cat([F.linear(blk, w, b) for blk in xp.split(BLOCK_ROWS)])[:n]
+        return torch.cat([matmul(blk, w, b) for blk in xp.split(BLOCK_ROWS)])[:n]
     if n >= MIN_ROWS:
-        return F.linear(x, w, b)
-    return F.linear(F.pad(x, (0, 0, 0, MIN_ROWS - n)), w, b)[:n]
+        return matmul(x, w, b)
+    return matmul(F.pad(x, (0, 0, 0, MIN_ROWS - n)), w, b)[:n]
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -66,9 +87,43 @@ def rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
+# ---- the elementwise work of a layer: pure functions, so torch.compile can fuse each (torch_fused.py) ----
+def qk_norm_rope(q: Tensor, k: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, cos: Tensor, sin: Tensor,
+                 eps: float) -> tuple[Tensor, Tensor]:
+    """q [N, H, D], k [N, Hkv, D] (views of the qkv GEMM's output) -> RoPE(q/k-norm(q)), RoPE(q/k-norm(k))."""
+    if q_norm is not None:
+        q = rms_norm(q, q_norm, eps)
+        k = rms_norm(k, k_norm, eps)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+def add_norm(x: Tensor, y: Tensor, w: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """The residual add and the next RMSNorm: (x + y, rms_norm(x + y))."""
+    x = x + y
+    return x, rms_norm(x, w, eps)
+
+
+def silu_mul(gu: Tensor) -> Tensor:
+    """[N, 2 I] gate|up rows -> silu(gate) * up [N, I]."""
+    inter = gu.shape[-1] // 2
+    return F.silu(gu[:, :inter]) * gu[:, inter:]
+
+
+class LayerOps(NamedTuple):
+    """The elementwise work between a layer's GEMMs and its attention: eager, or compiled (torch_fused.py)."""
+
+    qk_norm_rope: Callable[..., tuple[Tensor, Tensor]]
+    add_norm: Callable[..., tuple[Tensor, Tensor]]
+    silu_mul: Callable[[Tensor], Tensor]
+
+
+EAGER_OPS = LayerOps(qk_norm_rope, add_norm, silu_mul)
+
+
 @dataclass
 class LayerWeights:
     ln1: Tensor
+    # the GEMM weights are Tensors, or torch_int8.Int8Linear (bias packed in, b* None) with quantize="int8"
     wqkv: Tensor  # [(H + 2 Hkv) D, hidden]
     bqkv: Tensor | None
     q_norm: Tensor | None
@@ -129,13 +184,36 @@ class SharedSegment:
         return self.prompt_len[self.r_idx] + self.past_len[self.r_idx] + self.i_idx
 
 
+def check_options(dtype: torch.dtype, device, batch_invariant: bool, quantize: str | None) -> None:
+    """UnsupportedOption, with what to do instead, for a `quantize` the forward cannot run."""
+    if quantize is None:
+        return
+    if quantize not in QUANTIZE_MODES:
+        raise UnsupportedOption(f"quantize={quantize!r} is not known; use one of {QUANTIZE_MODES} or None")
+    why = []
+    if dtype != torch.float32:  # dtype "auto" resolves to bfloat16 on CPUs with AMX / AVX512-BF16
+        why.append(f"dtype {str(dtype).removeprefix('torch.')} (PyTorch's dynamic int8 linear takes float32 "
+                   "activations only; use dtype float32)")
+    if torch.device(device).type != "cpu":
+        why.append(f"device {device} (the int8 kernels are CPU kernels; use device cpu)")
+    if batch_invariant:
+        why.append("batch_invariant=True (the activations' int8 scale is taken over all rows of a GEMM, so a row's "
+                   "rounding depends on its batch mates by design)")
+    if why:
+        raise UnsupportedOption(f"quantize={quantize!r} cannot run with " + "; ".join(why))
+
+
 class FastLM:
     """Weights of a Qwen3/Llama causal LM, re-laid out for fused matmuls, and the segment forward."""
 
     def __init__(self, hf_model, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                 batch_invariant: bool = False):
+                 batch_invariant: bool = False, compile: bool = False, quantize: str | None = None):
+        """`compile`: fused elementwise kernels (torch_fused.py; eager with a warning where compiling fails);
+        `quantize="int8"`: dynamic int8 layer GEMMs (torch_int8.py). See the module docstring."""
         cfg = hf_model.config
         self.batch_invariant = batch_invariant
+        check_options(dtype, device, batch_invariant, quantize)
+        self.quantize = quantize
         if cfg.model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModel(
                 f"the torch engine implements {SUPPORTED_MODEL_TYPES}, not {cfg.model_type!r}; use the hf engine"
@@ -185,9 +263,23 @@ class FastLM:
             )
             if getattr(mlp.gate_proj, "bias", None) is not None:
                 raise UnsupportedModel("MLP biases are not implemented in the torch engine; use the hf engine")
+        self._n_params = self._count_params()  # on the float weights (int8 repacks them below)
+        if quantize == "int8":
+            from workbench.engines.torch_int8 import quantize_layers
+
+            quantize_layers(self.layers)
+        self.ops = EAGER_OPS
+        if compile:
+            from workbench.engines.torch_fused import compile_ops
+
+            self.ops = compile_ops(self)  # warmed up here; EAGER_OPS (and a warning) if compiling fails
+        self.compiled = self.ops is not EAGER_OPS
 
     # ---- sizes -------------------------------------------------------------------------------
     def n_params(self) -> int:
+        return self._n_params
+
+    def _count_params(self) -> int:
         n = self.embed.numel() + self.norm.numel() + self.lm_head.numel()
         for lw in self.layers:
             n += sum(x.numel() for x in vars(lw).values() if isinstance(x, Tensor))
@@ -235,17 +327,14 @@ class FastLM:
                 seg.own_kv = []
                 seg._mask = None
         H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
+        ops, eps, blocked = self.ops, self.eps, self.batch_invariant
+        h = rms_norm(x, self.layers[0].ln1, eps)
         for li, lw in enumerate(self.layers):
-            h = rms_norm(x, lw.ln1, self.eps)
-            qkv = linear(h, lw.wqkv, lw.bqkv, blocked=self.batch_invariant)
+            qkv = linear(h, lw.wqkv, lw.bqkv, blocked=blocked)
             q = qkv[:, : H * D].view(-1, H, D)
             k = qkv[:, H * D : (H + Hkv) * D].view(-1, Hkv, D)
             v = qkv[:, (H + Hkv) * D :].view(-1, Hkv, D)
-            if lw.q_norm is not None:
-                q = rms_norm(q, lw.q_norm, self.eps)
-                k = rms_norm(k, lw.k_norm, self.eps)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
+            q, k = ops.qk_norm_rope(q, k, lw.q_norm, lw.k_norm, cos, sin, eps)
             outs, off = [], 0
             for seg in segments:
                 n = seg.n_rows
@@ -256,12 +345,12 @@ class FastLM:
                     outs.append(self._attend_shared(seg, li, q[sl], k[sl], v[sl]))
                 off += n
             o = outs[0] if len(outs) == 1 else torch.cat(outs)
-            x = x + linear(o, lw.wo, lw.bo, blocked=self.batch_invariant)
-            h = rms_norm(x, lw.ln2, self.eps)
-            gu = linear(h, lw.w_gate_up, blocked=self.batch_invariant)
-            inter = gu.shape[-1] // 2
-            x = x + linear(F.silu(gu[:, :inter]) * gu[:, inter:], lw.w_down, blocked=self.batch_invariant)
-        return rms_norm(x, self.norm, self.eps)
+            x, h = ops.add_norm(x, linear(o, lw.wo, lw.bo, blocked=blocked), lw.ln2, eps)
+            gu = linear(h, lw.w_gate_up, blocked=blocked)
+            # the next layer's input norm (the final norm after the last layer) joins this residual add
+            nxt = self.layers[li + 1].ln1 if li + 1 < len(self.layers) else self.norm
+            x, h = ops.add_norm(x, linear(ops.silu_mul(gu), lw.w_down, blocked=blocked), nxt, eps)
+        return h
 
     def _positions(self, seg) -> Tensor:
         if isinstance(seg, PrefillSegment):

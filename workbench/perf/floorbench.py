@@ -58,7 +58,7 @@ def kernel_times(lm, prompt_len: int, beam: int, new_tokens: int, repeats: int =
     import torch
     import torch.nn.functional as F
 
-    from workbench.engines.torch_model import MIN_ROWS
+    from workbench.engines.torch_model import MIN_ROWS, matmul
 
     lw = lm.layers[0]  # every layer has the same shapes
     L = len(lm.layers)
@@ -74,11 +74,11 @@ def kernel_times(lm, prompt_len: int, beam: int, new_tokens: int, repeats: int =
     def gemms(m: int) -> float:
         x, xo, xi = randn(m, lm.hidden), randn(m, H * D), randn(m, lw.w_down.shape[1])
 
-        def run():
-            F.linear(x, lw.wqkv)
-            F.linear(xo, lw.wo)
-            F.linear(x, lw.w_gate_up)
-            F.linear(xi, lw.w_down)
+        def run():  # the engine's own GEMM kernels (int8 ones with quantize="int8")
+            matmul(x, lw.wqkv)
+            matmul(xo, lw.wo)
+            matmul(x, lw.w_gate_up)
+            matmul(xi, lw.w_down)
 
         return best(run) * L
 
@@ -90,8 +90,8 @@ def kernel_times(lm, prompt_len: int, beam: int, new_tokens: int, repeats: int =
         dec_attn += best(lambda: torch.bmm(torch.softmax(torch.bmm(qd, kd) * lm.scale, -1), vd)) * L
     h1 = randn(MIN_ROWS, lm.hidden)  # the prompt's last row: the engine pads GEMMs of fewer rows to MIN_ROWS
     hb = randn(beam, lm.hidden)
-    head_prefill = best(lambda: F.linear(h1, lm.lm_head))
-    head = head_prefill + (new_tokens - 1) * best(lambda: F.linear(hb, lm.lm_head))
+    head_prefill = best(lambda: matmul(h1, lm.lm_head))
+    head = head_prefill + (new_tokens - 1) * best(lambda: matmul(hb, lm.lm_head))
     return {
         "prefill_gemm": gemms(prompt_len),
         "prefill_attention": sdpa,
@@ -146,14 +146,15 @@ def engine_times(engine, workload: SyntheticWorkload, requests: int) -> list[tup
 
 
 def run_floor(checkpoint: Path, peak_gflops: float, *, prompt_len: int, beam: int, new_tokens: int,
-              dtype: str = "float32", device: str = "cpu", quick: bool = False) -> int:
-    """Print the floor table for one unconstrained beam request of this shape on `checkpoint`."""
+              dtype: str = "float32", device: str = "cpu", quick: bool = False, options: dict | None = None) -> int:
+    """Print the floor table for one unconstrained beam request of this shape on `checkpoint`; `options`: the
+    torch engine's (compile, quantize). The matmul floor stays the float rate of `dtype`, also for int8."""
     from workbench.engines.registry import create_engine
 
     P, B, T = prompt_len, beam, new_tokens
     shape = WorkloadShape("beam_search", prompt_tokens=P, beam_width=B, max_new_tokens=T, constrained=False)
     workload = SyntheticWorkload.from_checkpoint(shape, checkpoint, soft_token=False)
-    engine = create_engine("torch", checkpoint, dtype=dtype, device=device)
+    engine = create_engine("torch", checkpoint, dtype=dtype, device=device, **(options or {}))
     try:
         lm = engine.lm
         n = 4 if quick else 10
@@ -169,6 +170,7 @@ def run_floor(checkpoint: Path, peak_gflops: float, *, prompt_len: int, beam: in
     kpre = kern["prefill_gemm"] + kern["prefill_attention"] + kern["lm_head_prefill"]
     kdec = kfloor - kpre
     out = {
+        "engine": engine.name,
         "params_m": round(lm.n_params() / 1e6, 2), "prompt": P, "beam": B, "new_tokens": T, "dtype": dtype,
         "matmul_gflops": peak_gflops, "gflop": sum(fl.values()) / 1e9,
         "matmul_floor_ms": floor, "kernel_floor_ms": kfloor,
@@ -178,8 +180,8 @@ def run_floor(checkpoint: Path, peak_gflops: float, *, prompt_len: int, beam: in
         "engine_over_kernel_floor": total / kfloor,
         "phases": [asdict(p) for p in phases],
     }
-    print(f"\ncompute floor of one beam request: {out['params_m']}M params, prompt {P}, beam {B}, {T} new tokens, "
-          f"unconstrained, {dtype}; matmul rate {peak_gflops:.1f} GFLOP/s (1024^3)")
+    print(f"\ncompute floor of one beam request ({engine.name}): {out['params_m']}M params, prompt {P}, beam {B}, "
+          f"{T} new tokens, unconstrained, {dtype}; matmul rate {peak_gflops:.1f} GFLOP/s (1024^3)")
     print(f"{'phase':<18} {'GFLOP':>7} {'matmul floor ms':>16} {'kernels alone ms':>17} {'kernel GFLOP/s':>15}")
     for p in phases:
         print(f"{p.name:<18} {p.gflop:>7.2f} {p.matmul_floor_ms:>16.0f} {p.kernel_ms:>17.0f} "

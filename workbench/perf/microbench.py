@@ -18,6 +18,10 @@ Prints a table and, last, one JSON line with every number. Example:
     workbench microbench --model 2.4m --quick
     workbench microbench --model 25m              # ~25M-parameter Qwen3
     workbench microbench --model 25m --floor --threads 1     # one request vs the compute floor, by phase
+    workbench microbench --model 25m --floor --threads 1 --dtype bfloat16 --compile   # a torch engine variant
+    workbench microbench --model 25m --floor --threads 1 --quantize int8
+
+`--compile` / `--quantize int8` apply to the torch engine only (the hf baseline stays as it is).
 
 Model sizes are the named random sizes of `workbench/model/random_checkpoint.py` (shared with the load
 benchmark's `random:<size>`); prompts come from the synthetic workloads of `workbench/engines/workloads.py`.
@@ -37,6 +41,7 @@ import time
 from pathlib import Path
 
 from workbench import tracking
+from workbench.engines import torch_options
 from workbench.hardware import matmul_gflops
 from workbench.engines.workloads import SyntheticWorkload, WorkloadShape
 from workbench.model.random_checkpoint import SIZES, make_random_checkpoint, random_size
@@ -62,6 +67,7 @@ def parse_args(argv):
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--floor", action="store_true",
                    help="instead: one unloaded beam request vs the compute floor, by phase (workbench/perf/floorbench.py)")
+    torch_options.add_flags(p)
     return p.parse_args(argv)
 
 
@@ -113,6 +119,7 @@ def main(argv=None) -> int:
     cpu = cpu_info()
     print(f"cpu: {cpu['cpu_model']} ({cpu['cpu_flags'] or 'no AVX-512'}); dtype {args.dtype}", file=sys.stderr)
     tdtype = getattr(torch, args.dtype)
+    options = torch_options.from_args(args)
     if args.floor:
         from workbench.perf.floorbench import run_floor
 
@@ -121,7 +128,7 @@ def main(argv=None) -> int:
                                                                                 args.prompt_len, Path(tmp))
             peak = max(matmul_gflops(tdtype, args.device) for _ in range(3))
             return run_floor(ck, peak, prompt_len=args.prompt_len, beam=args.beam, new_tokens=args.new_tokens,
-                             dtype=args.dtype, device=args.device, quick=args.quick)
+                             dtype=args.dtype, device=args.device, quick=args.quick, options=options)
     with tempfile.TemporaryDirectory() as tmp:
         ck = Path(args.checkpoint) if args.checkpoint else build_checkpoint(args.model, args.new_tokens,
                                                                             args.prompt_len, Path(tmp))
@@ -133,7 +140,7 @@ def main(argv=None) -> int:
 
         beam_workload = workload()
         te = create_engine("torch", ck, dtype=args.dtype, device=args.device, max_batch_tokens=args.max_batch_tokens,
-                           max_candidates=max(1024, args.candidates))
+                           max_candidates=max(1024, args.candidates), **options)
         he = create_engine("hf", ck, dtype=args.dtype, device=args.device, max_candidates=max(1024, args.candidates))
         n_params = te.lm.n_params()
         peak = matmul_gflops(tdtype, args.device)
@@ -197,6 +204,7 @@ def main(argv=None) -> int:
         "hardware": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch threads {torch.get_num_threads()}",
         "torch": torch.__version__,
         "model": args.model,
+        "engine": te.name,
         "params_m": round(n_params / 1e6, 2),
         "dtype": args.dtype,
         "quick": args.quick,
@@ -236,7 +244,8 @@ def main(argv=None) -> int:
         (f"throughput req/s at {args.concurrency} | 1", f"{out['throughput_32_rps']:.2f} | {out['throughput_1_rps']:.2f}",
          f"{out['throughput_ratio']:.1f}x"),
     ]
-    print(f"\nmicrobench: {args.model} ({out['params_m']}M params, {args.dtype}), prompt {args.prompt_len}, beam {args.beam}, "
+    print(f"\nmicrobench: {te.name} on {args.model} ({out['params_m']}M params, {args.dtype}), prompt {args.prompt_len}, "
+          f"beam {args.beam}, "
           f"{args.new_tokens} new, constrained, {args.concurrency} concurrent; {out['hardware']}")
     w = max(len(r[0]) for r in rows)
     for name, val, ratio in rows:

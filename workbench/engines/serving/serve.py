@@ -58,6 +58,7 @@ def serve(checkpoint, engine: str = "torch", host: str = "127.0.0.1", port: int 
     from workbench.engines.registry import create_engine
 
     eng = create_engine(engine, checkpoint=checkpoint, dtype=dtype, **options)
+    print(f"engine {getattr(eng, 'name', engine)} ({getattr(eng, 'dtype', dtype)}) on {checkpoint}", flush=True)
     if host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: binding {host}: the server has no authentication", flush=True)
     from workbench.engines.serving.app import create_app
