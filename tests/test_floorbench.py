@@ -51,7 +51,9 @@ def test_floor_table_runs_on_a_real_engine(checkpoint, capsys):
     rc = microbench_main(["--floor", "--quick", "--threads", "1", "--checkpoint", str(checkpoint),
                           "--prompt-len", "64", "--beam", "6", "--new-tokens", "5"])
     assert rc == 0
-    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    text = capsys.readouterr().out
+    (out,) = [json.loads(ln) for ln in text.splitlines() if ln.startswith("{")]
+    assert "floor summary on " in text and f"| {out['engine']} | float32 |" in text
     assert out["requests"] == 4 and out["matmul_gflops"] > 0
     phases = {p["name"]: p for p in out["phases"]}
     assert set(phases) == {"prefill_gemm", "prefill_attention", "decode_gemm", "decode_attention", "lm_head"}
@@ -62,3 +64,19 @@ def test_floor_table_runs_on_a_real_engine(checkpoint, capsys):
     assert out["engine_other_ms"] >= 0
     assert out["engine_prefill_forward_ms"] > 0 and out["engine_decode_forwards_ms"] > 0
     assert out["engine_over_matmul_floor"] == pytest.approx(out["engine_ms"] / out["matmul_floor_ms"])
+
+
+def test_floor_runs_both_dtypes_side_by_side(checkpoint, capsys):
+    """`--dtype both`: float32 then bfloat16 in one run, each against its own matmul rate, one summary table
+    naming the CPU."""
+    from workbench.hardware import cpu_info
+
+    rc = microbench_main(["--floor", "--quick", "--threads", "1", "--checkpoint", str(checkpoint), "--dtype", "both",
+                          "--prompt-len", "32", "--beam", "4", "--new-tokens", "5"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    outs = [json.loads(ln) for ln in text.splitlines() if ln.startswith("{")]
+    assert [o["dtype"] for o in outs] == ["float32", "bfloat16"]
+    assert all(o["engine_ms"] > 0 and o["matmul_gflops"] > 0 for o in outs)
+    assert f"floor summary on {cpu_info()['cpu_model']}" in text
+    assert "| torch | float32 |" in text and "| torch | bfloat16 |" in text

@@ -146,7 +146,7 @@ def engine_times(engine, workload: SyntheticWorkload, requests: int) -> list[tup
 
 
 def run_floor(checkpoint: Path, peak_gflops: float, *, prompt_len: int, beam: int, new_tokens: int,
-              dtype: str = "float32", device: str = "cpu", quick: bool = False, options: dict | None = None) -> int:
+              dtype: str = "float32", device: str = "cpu", quick: bool = False, options: dict | None = None) -> dict:
     """Print the floor table for one unconstrained beam request of this shape on `checkpoint`; `options`: the
     torch engine's (compile, quantize). The matmul floor stays the float rate of `dtype`, also for int8."""
     from workbench.engines.registry import create_engine
@@ -195,4 +195,4 @@ def run_floor(checkpoint: Path, peak_gflops: float, *, prompt_len: int, beam: in
           f"engine / kernel floor = {out['engine_over_kernel_floor']:.2f}x)")
     print(json.dumps(out))
     sys.stdout.flush()
-    return 0
+    return out

@@ -53,8 +53,9 @@ def parse_args(argv):
                    help="random Qwen3 size, named by its non-embedding parameters (workbench/model/random_checkpoint.py)")
     p.add_argument("--checkpoint", default=None, help="use this checkpoint instead of a random one")
     p.add_argument("--quick", action="store_true", help="fewer hf requests/candidates and repeats (about a minute)")
-    p.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16"],
-                   help="auto: bfloat16 where the CPU has AMX or AVX512-BF16, else float32")
+    p.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16", "both"],
+                   help="auto: bfloat16 where the CPU has AMX or AVX512-BF16, else float32; both (with --floor): "
+                        "float32 then bfloat16 in one run, side by side")
     p.add_argument("--device", default="cpu")
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--beam", type=int, default=30)
@@ -115,20 +116,37 @@ def main(argv=None) -> int:
     repeats = 1 if args.quick else 2
     from workbench.hardware import cpu_info, resolve_dtype
 
-    args.dtype = resolve_dtype(args.dtype)
     cpu = cpu_info()
-    print(f"cpu: {cpu['cpu_model']} ({cpu['cpu_flags'] or 'no AVX-512'}); dtype {args.dtype}", file=sys.stderr)
-    tdtype = getattr(torch, args.dtype)
+    cpu_line = f"{cpu['cpu_model']} ({cpu['cpu_flags'] or 'no AVX-512'})"
     options = torch_options.from_args(args)
     if args.floor:
         from workbench.perf.floorbench import run_floor
 
+        dtypes = ["float32", "bfloat16"] if args.dtype == "both" else [resolve_dtype(args.dtype)]
+        outs = []
         with tempfile.TemporaryDirectory() as tmp:
             ck = Path(args.checkpoint) if args.checkpoint else build_checkpoint(args.model, args.new_tokens,
                                                                                 args.prompt_len, Path(tmp))
-            peak = max(matmul_gflops(tdtype, args.device) for _ in range(3))
-            return run_floor(ck, peak, prompt_len=args.prompt_len, beam=args.beam, new_tokens=args.new_tokens,
-                             dtype=args.dtype, device=args.device, quick=args.quick, options=options)
+            for dt in dtypes:
+                print(f"cpu: {cpu_line}; dtype {dt}; threads {torch.get_num_threads()}", file=sys.stderr)
+                peak = max(matmul_gflops(getattr(torch, dt), args.device) for _ in range(3))
+                outs.append(run_floor(ck, peak, prompt_len=args.prompt_len, beam=args.beam, new_tokens=args.new_tokens,
+                                      dtype=dt, device=args.device, quick=args.quick, options=options))
+        print(f"\nfloor summary on {cpu_line}, {torch.get_num_threads()} thread(s), {args.model}:")
+        print("| engine | dtype | matmul GFLOP/s | matmul floor ms | engine ms | prefill ms | decode ms | engine / floor |")
+        print("|---|---|---|---|---|---|---|---|")
+        for o in outs:
+            print(f"| {o['engine']} | {o['dtype']} | {o['matmul_gflops']:.0f} | {o['matmul_floor_ms']:.0f} | "
+                  f"{o['engine_ms']:.0f} | {o['engine_prefill_forward_ms']:.0f} | {o['engine_decode_forwards_ms']:.0f} | "
+                  f"{o['engine_over_matmul_floor']:.2f}x |")
+        return 0
+    if args.dtype == "both":
+        from workbench.errors import UsageError
+
+        raise UsageError("--dtype both is for --floor; the side-by-side microbench runs one dtype")
+    args.dtype = resolve_dtype(args.dtype)
+    print(f"cpu: {cpu_line}; dtype {args.dtype}", file=sys.stderr)
+    tdtype = getattr(torch, args.dtype)
     with tempfile.TemporaryDirectory() as tmp:
         ck = Path(args.checkpoint) if args.checkpoint else build_checkpoint(args.model, args.new_tokens,
                                                                             args.prompt_len, Path(tmp))
