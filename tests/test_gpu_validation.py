@@ -135,3 +135,53 @@ def test_table_passes_and_fails_on_real_results(hf_result):
     (out / "hf.json").write_text(json.dumps(res))
     (out / "env_hf.json").write_text(json.dumps({"status": "failed", "detail": "pip"}))
     assert not gv.table(out, ("hf",))[1]
+
+
+class PrefixedLabelEngine:
+    """The real torch engine whose label scores also condition on one token before each item, as SGLang's
+    multi-item scoring does with its delimiter placeholder (sglang_engine.label_candidate_prefix)."""
+
+    def __init__(self, inner, prefix: tuple[int, ...], declare: bool):
+        self.inner, self.prefix, self.name = inner, prefix, "prefixed"
+        if declare:
+            self.label_candidate_prefix = prefix
+
+    async def score(self, requests):
+        from workbench.engines.base import ScoreRequest
+
+        out = [ScoreRequest(r.prompt, tuple(self.prefix + tuple(c) for c in r.candidates), mode=r.mode,
+                            label_token_ids=r.label_token_ids) if r.mode == "label" else r for r in requests]
+        return await self.inner.score(out)
+
+    def __getattr__(self, k):
+        return getattr(self.inner, k)
+
+
+@pytest.mark.parametrize("declare", [True, False])
+def test_parity_compares_label_scores_with_the_engines_own_conditioning(declare, tmp_path):
+    """An engine that declares the token its label scores condition on before each item passes label parity
+    (the oracle scores prefix + item); the same engine without the declaration fails it."""
+    import asyncio
+
+    from workbench.engines.parity import compare_engines
+    from workbench.engines.registry import create_engine
+    from workbench.testing import make_random_checkpoint
+
+    ck = make_random_checkpoint(tmp_path / "ck", n_items=30, levels=(4, 4), hidden_size=32, num_layers=1,
+                                num_attention_heads=2, head_dim=16, vocab_base=50)
+
+    async def go():
+        eng = PrefixedLabelEngine(create_engine("torch", checkpoint=ck), (7,), declare)
+        oracle = create_engine("torch", checkpoint=ck)
+        try:
+            return await compare_engines(eng, oracle, ck)
+        finally:
+            await eng.inner.close()
+            await oracle.close()
+
+    cases = {c.name: c for c in asyncio.run(go()).cases}
+    assert cases["score_sequence"].status == "passed"  # sequence mode has no prefix either side
+    want = "passed" if declare else "failed"
+    assert cases["score_label"].status == want, cases["score_label"]
+    if declare:
+        assert "oracle items prefixed with [7]" in cases["score_label"].detail

@@ -161,7 +161,12 @@ async def compare_engines(engine, oracle, checkpoint, *, n_prompts: int = 2, pro
         if skipped(name, feature, plist):
             return
         reqs = [ScoreRequest(p, cands, mode=mode, label_token_ids=labels if mode == "label" else ()) for p in plist]
-        (got, te), (want, to) = await _timed(engine.score(reqs)), await _timed(oracle.score(reqs))
+        # an engine whose label scores also condition on tokens before each item (SGLang's MIS delimiter)
+        # is compared with the oracle scoring those tokens + the item: the same conditioning on both sides
+        prefix = tuple(getattr(engine, "label_candidate_prefix", ())) if mode == "label" else ()
+        oracle_reqs = reqs if not prefix else [
+            ScoreRequest(p, tuple(prefix + tuple(c) for c in cands), mode=mode, label_token_ids=labels) for p in plist]
+        (got, te), (want, to) = await _timed(engine.score(reqs)), await _timed(oracle.score(oracle_reqs))
         if not all(g.success for g in got):
             err = next(g.error for g in got if not g.success)
             status = "skipped" if "unsupported" in (err or "") else "failed"
@@ -171,8 +176,10 @@ async def compare_engines(engine, oracle, checkpoint, *, n_prompts: int = 2, pro
             report.cases.append(ParityCase(name, "failed", detail=f"oracle error: {want[0].error}"))
             return
         d = max(_max_diff(g.scores, w.scores) for g, w in zip(got, want))
+        note = f"oracle items prefixed with {list(prefix)} (the engine's own conditioning)" if prefix else ""
         report.cases.append(ParityCase(name, "passed" if d <= tol else "failed", d,
-                                       "" if d <= tol else f"scores differ by {d:.2e}", te, to))
+                                       "; ".join(x for x in (note, "" if d <= tol else f"scores differ by {d:.2e}")
+                                                 if x), te, to))
 
     await beam_case("beam_search", "beam_search_all_beams", prompts["plain"], False)
     await beam_case("beam_search_constrained", "trie_constraint", prompts["plain"], True)

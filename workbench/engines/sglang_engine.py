@@ -45,7 +45,8 @@ loaded from that wheel. Paths are inside the wheel.
   ... item_N <9999>` with the fixed placeholder `MIS_DELIMITER_TOKEN_ID = 9999` (`sglang/srt/constants.py`):
   the vocabulary must be larger than 9999 (the placeholder is embedded), and each item attends to the query
   and to the placeholder before it (`layers/attention/flashinfer_backend.py`), so MIS scores condition on one
-  extra token compared with the torch oracle's `prompt + item`; the GPU parity run measures that difference.
+  extra token compared with the torch oracle's `prompt + item`; parity (engines/parity.py) therefore scores
+  the oracle on `prompt + <9999> + item` (`label_candidate_prefix`), like with like.
 
 Feature map:
 - beam search (every beam): native - one `/generate` with `beam_width` = `n` = the request's width,
@@ -165,6 +166,12 @@ class SGLangEngine(HTTPEngineBase):
         self.native_beam_search = native_beam_search
         self.beam_refusal: str | None = None  # the server's message if it refused a native beam request
         self._launch_or_connect(url, opts, log_path)
+
+    @property
+    def label_candidate_prefix(self) -> tuple[int, ...]:
+        """What each item's label scores also condition on: the MIS delimiter placeholder before the item
+        (module doc); parity scores the oracle's candidates with this prefix so it compares like with like."""
+        return (MIS_DELIMITER_TOKEN_ID,) if self.multi_item_scoring else ()
 
     def _choose_mis(self, wanted: bool | None, url: str | None) -> tuple[bool | None, str]:
         if url is not None:
