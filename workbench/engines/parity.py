@@ -192,17 +192,21 @@ async def compare_engines(engine, oracle, checkpoint, *, n_prompts: int = 2, pro
 
 
 async def run_parity(name: str, checkpoint, dtype: str = "float32", url: str | None = None, **kw) -> dict:
-    """Build engine `name` (launching its server unless `url`) and the torch oracle, both in `dtype`;
-    return the report dict (its `tol` derived for `dtype` unless given)."""
+    """Build engine `name` (launching its server unless `url`) and the torch oracle, both in `dtype`
+    ("auto" resolved per engine: a GPU engine in bf16 may meet a float32 oracle on an AVX2 CPU); return the
+    report dict (its `tol` derived for the lower precision of the two unless given)."""
+    from workbench.engines.numerics import HALF
     from workbench.engines.registry import create_engine, engine_class
+    from workbench.hardware import resolve_dtype
 
-    oracle = create_engine("torch", checkpoint=checkpoint, dtype=dtype)
+    edt, odt = resolve_dtype(dtype, name), resolve_dtype(dtype, "torch")
+    oracle = create_engine("torch", checkpoint=checkpoint, dtype=odt)
     if url is not None:
-        engine = engine_class(name)(checkpoint=checkpoint, dtype=dtype, url=url)
+        engine = engine_class(name)(checkpoint=checkpoint, dtype=edt, url=url)
     else:
-        engine = create_engine(name, checkpoint=checkpoint, dtype=dtype)
+        engine = create_engine(name, checkpoint=checkpoint, dtype=edt)
     try:
-        report = await compare_engines(engine, oracle, checkpoint, dtype=dtype, **kw)
+        report = await compare_engines(engine, oracle, checkpoint, dtype=edt if edt in HALF else odt, **kw)
     finally:
         await engine.close()
         await oracle.close()
