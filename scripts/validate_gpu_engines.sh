@@ -7,7 +7,8 @@
 #      when a previous build stopped halfway (no stamp), TensorRT-LLM the way its install guide says
 #      (CUDA 13.0 torch first, then the wheel from NVIDIA's index);
 #   4. per engine: parity against the torch engine for every feature (beam, constrained, soft token,
-#      sequence and label scoring, plain and soft) in bfloat16, then one small `workbench bench` sweep;
+#      sequence and label scoring, plain and soft) in float32 (strict) and bfloat16 (the half-precision-only paths:
+#      SGLang MIS, TensorRT-LLM packed encode), then one small `workbench bench` sweep in bfloat16;
 #   5. a table engine x feature (reports/gpu_validation/table.md).
 # Exit 0 only when everything that should work works (an engine's declared-unsupported feature is skipped,
 # not failed); otherwise 1.

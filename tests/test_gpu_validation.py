@@ -47,7 +47,8 @@ def test_dry_run_checks_the_host_and_prints_every_step():
     assert "--extra-index-url $TRTLLM_EXTRA_INDEX_URL -r environments/trtllm.txt" in out
     assert out.index("torch==2.9.1") < out.index("environments/trtllm.txt")  # the guide's order
     for e in gv.ENGINES:
-        assert f"workbench engines validate {e} --checkpoint" in out and "--dtype bfloat16" in out
+        assert f"workbench engines validate {e} --checkpoint" in out
+    assert out.count("--dtype float32") == 3 and out.count("--dtype bfloat16") == 3  # both parity passes
     table = (REPO / "reports/gpu_validation/table.md").read_text()
     assert all(f"| {e} | dry run |" in table for e in gv.ENGINES)
     host = json.loads((REPO / "reports/gpu_validation/host.json").read_text())
@@ -119,15 +120,17 @@ def hf_result(tmp_path_factory):
 
 def test_table_passes_and_fails_on_real_results(hf_result):
     out, res = hf_result
-    assert res["parity"]["ok"], res["parity"]
+    assert set(res["parity"]) == {"float32", "bfloat16"} and res["parity_ok"], res["parity"]
+    # the float32 pass is the strict one: its tolerance is orders tighter than bf16's
+    assert res["parity"]["float32"]["tol"] < 1e-2 * res["parity"]["bfloat16"]["tol"]
     assert res["bench"]["ok"] and res["bench"]["saturation_qps"] > 0, res["bench"]
     (out / "env_hf.json").write_text(json.dumps({"status": "present", "detail": "core env"}))
     md, ok = gv.table(out, ("hf",))
     assert ok, md
-    assert "| hf | present | pass (" in md and "FAIL" not in md
+    assert "| hf | present | f32 pass (" in md and "; bf16 pass (" in md and "FAIL" not in md
     # one case failed -> FAIL in its cell and exit status not ok
     bad = json.loads((out / "hf.json").read_text())
-    bad["parity"]["cases"][0]["status"] = "failed"
+    bad["parity"]["float32"]["cases"][0]["status"] = "failed"
     (out / "hf.json").write_text(json.dumps(bad))
     md, ok = gv.table(out, ("hf",))
     assert not ok and "FAIL" in md
