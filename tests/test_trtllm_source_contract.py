@@ -43,8 +43,6 @@ import math
 import os
 import shutil
 import sys
-import threading
-import time
 import types
 from pathlib import Path
 
@@ -76,34 +74,7 @@ def _vocab(ckpt) -> int:
 # ---- a stand-in trtllm-serve that records bodies and can answer each logprobs form ----------------------
 
 
-class StandIn:
-    """uvicorn in a thread serving `app` on a free loopback port."""
-
-    def __init__(self, app):
-        import uvicorn
-
-        from workbench.engines.launcher import free_port
-
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self):
-        import httpx
-
-        self.thread.start()
-        for _ in range(200):
-            try:
-                if httpx.get(self.url + "/v1/models", timeout=1.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                time.sleep(0.05)
-        raise RuntimeError("stand-in did not start")
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+from test_gpu_adapters_contract import StandIn  # noqa: E402  (the suite's one stand-in server)
 
 
 def _rows(prompt, vocab):
