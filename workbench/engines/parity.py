@@ -90,14 +90,6 @@ def make_prompts(checkpoint, n_prompts: int = 2, prompt_len: int = 24, seed: int
     return out
 
 
-def _catalog(checkpoint):
-    """The checkpoint's catalog from its catalog file (no model weights loaded)."""
-    from workbench.model.checkpoint import CATALOG_FILE, read_meta
-    from workbench.sids.layout import Catalog
-
-    return Catalog(np.load(f"{checkpoint}/{CATALOG_FILE}")["item_codes"], read_meta(checkpoint).layout)
-
-
 async def _timed(coro):
     t0 = time.perf_counter()
     out = await coro
@@ -113,10 +105,10 @@ async def compare_engines(engine, oracle, checkpoint, *, n_prompts: int = 2, pro
     `engines/numerics.py` for this checkpoint, these prompts and a SID's length of tokens, Z read off
     the oracle's logits: ~1e-3 in float32 on small checkpoints, some 2^16 times looser in bfloat16
     (its unit roundoff is 2^-8): bf16 parity can only catch errors far larger than bf16 rounding."""
-    from workbench.model.checkpoint import read_meta
+    from workbench.model.checkpoint import read_catalog, read_meta
 
     meta = read_meta(checkpoint)
-    catalog = _catalog(checkpoint)
+    catalog = read_catalog(checkpoint)
     depth = catalog.depth
     prompts = make_prompts(checkpoint, n_prompts, prompt_len, seed)
     if tol is None:
@@ -260,8 +252,10 @@ def feature_requests(checkpoint, n_prompts: int, prompt_len: int, beam_width: in
                      n_candidates: int) -> dict[str, list]:
     """The requests of every FEATURE_WORKLOADS entry on `checkpoint` (synthetic prompts, catalog candidates),
     built once: every engine is timed on the same requests."""
+    from workbench.model.checkpoint import read_catalog
+
     prompts = make_prompts(checkpoint, n_prompts, prompt_len)
-    catalog = _catalog(checkpoint)
+    catalog = read_catalog(checkpoint)
     cands = tuple(tuple(catalog.sid_tokens(i)) for i in range(n_candidates))
     out = {}
     for wl in FEATURE_WORKLOADS:

@@ -146,6 +146,11 @@ def read_meta(path) -> CheckpointMeta:
                               "rewrite it with save_checkpoint or restore it from the training cache") from e
 
 
+def read_catalog(path) -> Catalog:
+    """The checkpoint's item catalog (its `catalog.npz` and layout; no model weights loaded)."""
+    return Catalog(np.load(Path(path) / CATALOG_FILE)["item_codes"], read_meta(path).layout)
+
+
 def _require_dir(path) -> None:
     path = Path(path)
     if not path.exists():

@@ -30,16 +30,12 @@ METRICS = (names.recall_at(10), names.ndcg_at(10))
 
 def _evaluate(checkpoint, prompts, beam_width: int, dtype: str, options: dict, batch_size: int):
     """Quality of one variant (constrained beam search over the prompts) and its wall time."""
-    import numpy as np
-
     from workbench.engines import registry
-    from workbench.sync import run_sync
-    from workbench.model.checkpoint import read_meta
-    from workbench.sids.layout import Catalog
+    from workbench.model.checkpoint import read_catalog
     from workbench.study.evaluate import Quality, beam_rank, device_options
+    from workbench.sync import run_sync
 
-    meta = read_meta(checkpoint)
-    catalog = Catalog(np.load(f"{checkpoint}/catalog.npz")["item_codes"], meta.layout)
+    catalog = read_catalog(checkpoint)
     engine = registry.create_engine("torch", checkpoint=str(checkpoint), dtype=dtype, **device_options(), **options)
     try:
         t0 = time.perf_counter()

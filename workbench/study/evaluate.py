@@ -297,13 +297,11 @@ def evaluate_checkpoint(
     Returns {"beam": Quality, "exhaustive": Quality | None, "rerank": Quality | None, "metrics": {...}}.
     """
     from workbench import dist
-    from workbench.model.checkpoint import read_meta
     from workbench.engines import registry
-    from workbench.sids.layout import Catalog
+    from workbench.model.checkpoint import read_catalog
 
     nan = float("nan")  # a value only rank 0 measures, on the others (whose results only rank 0 stores)
-    meta = read_meta(checkpoint)
-    catalog = Catalog(np.load(f"{checkpoint}/catalog.npz")["item_codes"], meta.layout)
+    catalog = read_catalog(checkpoint)
     engine = registry.create_engine(engine_name, checkpoint=str(checkpoint), dtype=dtype, **device_options())
     try:
         m = prompts.method
