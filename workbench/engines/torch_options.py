@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 QUANTIZE_MODES = ("int8",)
+VARIANT_OPTIONS = ("compile", "quantize")  # the engine options these flags set (serve's command line carries them)
 
 
 def variant_name(compiled: bool, quantize: str | None) -> str:

@@ -173,7 +173,9 @@ def open_engine(entry: EngineEntry, checkpoint: Path, log_dir: Path | None = Non
     from workbench.engines import launcher
 
     # the torch engine's variants are server options (its command line); the rest configure the HTTP client
-    variant = {k: options.pop(k) for k in ("compile", "quantize") if k in options}
+    from workbench.engines.torch_options import VARIANT_OPTIONS
+
+    variant = {k: options.pop(k) for k in VARIANT_OPTIONS if k in options}
     spec = launcher.workbench_serve_spec(checkpoint, entry.name, entry.dtype, threads=entry.threads, **variant)
     log = None if log_dir is None else log_dir / f"{entry.label or entry.name}-server.log"
     with launcher.launch(spec, log_path=log) as server:
