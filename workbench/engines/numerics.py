@@ -25,9 +25,11 @@ cumulative log-prob adds `steps` of them.
 Half precision (bfloat16, float16) is another error model: the products are summed in float32
 accumulators (CPU and GPU GEMM and attention kernels alike), and the dominant error is the rounding of
 each *stored* activation to the half type, a relative error of at most u per element (2^-8 in
-bfloat16). Along the path to one logit there are r = 9 * layers + 3 such stores (per layer: the
-normed input, q/k/v, attention output, o, the residual sum, the second normed input, gate/up, the
-activation product, down, the second residual; then the embedding, the final norm and the logits),
+bfloat16). Along the path to one logit there are r = 11 * layers + 3 such stores (per layer: the
+normed input, q/k/v, the attention scores and probabilities (the torch engine's CPU attention stores
+both, as `transformers`' eager attention does), attention output, o, the residual sum, the second normed
+input, gate/up, the activation product, down, the second residual, counting the two residual stores as
+one as before; then the embedding, the final norm and the logits),
 each independent, so in quadrature one evaluation is within `lam * sqrt(r) * u * Z`; the same
 factors 2, 2 and `steps` follow. This bound is loose (Z is the largest logit, not the typical one):
 in bfloat16 it catches a wrong position, a leak across streams or a lost soft token (moves of whole
@@ -63,7 +65,7 @@ HALF = ("bfloat16", "float16")  # stored in half precision, accumulated in float
 
 def stored_roundings(config) -> int:
     """r: the half-precision stores along the path to one logit (see the module doc)."""
-    return 9 * int(config.num_hidden_layers) + 3
+    return 11 * int(config.num_hidden_layers) + 3
 
 
 def logprob_bound(config, kv_len: int, steps: int, max_abs_logit: float, dtype: str = "float32") -> float:

@@ -8,7 +8,7 @@ chain of thin matmuls plus a softmax. So this benchmark measures, in one process
 
 1. the matmul floor (FLOPs / square-GEMM rate), per phase;
 2. the *kernel floor*: the same phases timed as the bare torch kernels the engine calls (every layer's
-   GEMMs at the engine's weight shapes and row counts, causal SDPA, decode attention), nothing else;
+   GEMMs at the engine's weight shapes and row counts, the engine's causal attention, decode attention), nothing else;
 3. the engine: an unloaded request through the real scheduler, its prefill and decode forwards timed.
 
 engine / kernel floor is the engine's own overhead (Python, scheduling, KV bookkeeping, selection);
@@ -58,7 +58,7 @@ def kernel_times(lm, prompt_len: int, beam: int, new_tokens: int, repeats: int =
     import torch
     import torch.nn.functional as F
 
-    from workbench.engines.torch_model import MIN_ROWS, matmul
+    from workbench.engines.torch_model import MIN_ROWS, causal_attention, matmul
 
     lw = lm.layers[0]  # every layer has the same shapes
     L = len(lm.layers)
@@ -83,7 +83,10 @@ def kernel_times(lm, prompt_len: int, beam: int, new_tokens: int, repeats: int =
         return best(run) * L
 
     q, k, v = randn(1, H, prompt_len, D), randn(1, Hkv, prompt_len, D), randn(1, Hkv, prompt_len, D)
-    sdpa = best(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=lm.scale, enable_gqa=g > 1)) * L
+    if lm.device.type == "cpu":  # the engine's attention (torch_model.causal_attention), SDPA elsewhere
+        attn = best(lambda: causal_attention(q[0], k[0], v[0], lm.scale)) * L
+    else:
+        attn = best(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=lm.scale, enable_gqa=g > 1)) * L
     dec_attn = 0.0
     for t in range(1, new_tokens):  # decode steps: beam x g query rows per KV head over prompt + own tokens
         qd, kd, vd = randn(Hkv, beam * g, D), randn(Hkv, D, prompt_len + t), randn(Hkv, prompt_len + t, D)
@@ -94,7 +97,7 @@ def kernel_times(lm, prompt_len: int, beam: int, new_tokens: int, repeats: int =
     head = head_prefill + (new_tokens - 1) * best(lambda: matmul(hb, lm.lm_head))
     return {
         "prefill_gemm": gemms(prompt_len),
-        "prefill_attention": sdpa,
+        "prefill_attention": attn,
         "decode_gemm": (new_tokens - 1) * gemms(beam),
         "decode_attention": dec_attn,
         "lm_head": head,
