@@ -25,10 +25,18 @@ from workbench.engines.numerics import logprob_bound  # noqa: E402
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture(scope="module", params=["qwen3", "llama"])
+@pytest.fixture(scope="module", params=[("qwen3", "default"), ("llama", "default"), ("qwen3", "onednn"),
+                                        ("llama", "onednn")], ids=lambda p: "-".join(p))
 def engines(request, tmp_path_factory):
-    ck = make_random_checkpoint(tmp_path_factory.mktemp(request.param) / "ck", arch=request.param, seed=1)
-    te = create_engine("torch", ck, max_beam_width=256)
+    """(torch engine, hf oracle) on a random model; the torch engine's float32 GEMMs on F.linear or oneDNN."""
+    from workbench.engines import torch_onednn
+
+    arch, gemm = request.param
+    if gemm == "onednn" and not torch_onednn.available():
+        pytest.skip("this PyTorch build has no oneDNN linear kernel")
+    ck = make_random_checkpoint(tmp_path_factory.mktemp(arch) / "ck", arch=arch, seed=1)
+    te = create_engine("torch", ck, max_beam_width=256, gemm=gemm)
+    assert te.lm.gemm == gemm
     he = create_engine("hf", ck, max_beam_width=256)
     yield te, he
     asyncio.run(te.close())

@@ -54,8 +54,10 @@ def server(tmp_path_factory):
 
 
 def test_health_and_capabilities(server):
-    url, _ = server
-    assert httpx.get(url + "/health").json()["status"] == "ok"
+    url, engine = server
+    health = httpx.get(url + "/health").json()
+    assert health["status"] == "ok"
+    assert health["gemm"] == engine.lm.gemm in ("default", "onednn")  # the per-machine GEMM choice is visible
     caps = httpx.get(url + "/v1/capabilities").json()
     assert caps["features"]["multi_item_scoring"]["status"] == "native"
 

@@ -286,7 +286,7 @@ def test_int8_linear_is_the_product_of_rounded_operands(case, checkpoints):
         w, b = torch.full((32, 256), 0.1), None
         x = torch.full((8, 256), 3.0)
     else:  # the first layer's gate_up weights and its real normed inputs
-        te = create_engine("torch", checkpoints["qwen3"])
+        te = create_engine("torch", checkpoints["qwen3"], gemm="default")  # the weights as plain tensors
         lw = te.lm.layers[0]
         w, b = lw.w_gate_up, None
         from workbench.engines.torch_model import rms_norm
@@ -377,3 +377,68 @@ def test_int8_bad_combinations_fail_up_front(checkpoints, kw, match):
     with pytest.raises(UnsupportedOption, match=match) as e:
         create_engine("torch", checkpoints["qwen3"], **kw)
     assert isinstance(e.value, UsageError)  # the CLI prints it as a usage error (exit 2), no traceback
+
+
+# ---- gemm="onednn" (workbench/engines/torch_onednn.py) -----------------------------------------------
+# The float32 layer GEMMs on oneDNN instead of F.linear. The engine's parity with the hf oracle in both
+# modes is tests/test_engine_parity.py (its `engines` fixture runs every test with gemm="default" and
+# gemm="onednn"); here the kernel itself, with a bias (the test models have none), and the mode rules.
+# Fault injection (done once while writing this): the qkv bias not packed (OneDNNLinear(lw.wqkv, None)):
+# the parity tests passed (no biases there), test_onednn_layers_are_float32_gemms failed.
+
+
+def _onednn_or_skip():
+    from workbench.engines import torch_onednn
+
+    if not torch_onednn.available():
+        pytest.skip("this PyTorch build has no oneDNN linear kernel")
+    return torch_onednn
+
+
+def test_onednn_layers_are_float32_gemms():
+    """pack_layers on a layer with q/k/v and o biases: each packed GEMM's output is the float64 product (plus
+    its bias) within the deterministic float32 summation bound gamma_{n+1} * (sum |x_i w_i| + |b|),
+    gamma_k = k u / (1 - k u) (Higham, Thm 3.5): nothing loose to fit."""
+    from workbench.engines.torch_model import LayerWeights
+
+    onednn = _onednn_or_skip()
+    g = torch.Generator().manual_seed(0)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g)
+
+    lw = LayerWeights(ln1=r(64), wqkv=r(96, 64), bqkv=r(96), q_norm=None, k_norm=None, wo=r(64, 32), bo=r(64),
+                      ln2=r(64), w_gate_up=r(80, 64), w_down=r(64, 40))
+    plain = {"wqkv": (lw.wqkv, lw.bqkv), "wo": (lw.wo, lw.bo), "w_gate_up": (lw.w_gate_up, None),
+             "w_down": (lw.w_down, None)}
+    onednn.pack_layers([lw])
+    assert lw.bqkv is None and lw.bo is None  # packed with their GEMMs
+    for name, (w, b) in plain.items():
+        lin = getattr(lw, name)
+        assert isinstance(lin, onednn.OneDNNLinear) and lin.numel() == w.numel() and lin.shape == tuple(w.shape)
+        k = (w.shape[1] + 1) * UNIT_ROUNDOFF["float32"]
+        for rows in (1, 4, 30, 300):
+            x = r(rows, w.shape[1])
+            exact = torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double())
+            scale = x.double().abs() @ w.double().abs().T + (0 if b is None else b.double().abs())
+            assert bool(((lin(x).double() - exact).abs() <= k / (1 - k) * scale).all()), (name, rows)
+
+
+def test_gemm_modes(checkpoints):
+    """auto measures and says why; default is F.linear; onednn where it cannot run fails up front."""
+    from workbench.engines.torch_model import UnsupportedOption
+
+    onednn = _onednn_or_skip()
+    auto = create_engine("torch", checkpoints["qwen3"])
+    assert auto.lm.gemm in ("default", "onednn") and "measured" in auto.lm.gemm_why
+    assert create_engine("torch", checkpoints["qwen3"], gemm="default").lm.gemm == "default"
+    bf16 = create_engine("torch", checkpoints["qwen3"], dtype="bfloat16")
+    assert bf16.lm.gemm == "default" and "float32" in bf16.lm.gemm_why  # bf16 GEMMs are oneDNN's already
+    assert create_engine("torch", checkpoints["qwen3"], quantize="int8").lm.gemm == "default"
+    for kw, match in [({"dtype": "bfloat16", "gemm": "onednn"}, "float32"),
+                      ({"quantize": "int8", "gemm": "onednn"}, "int8"),
+                      ({"batch_invariant": True, "gemm": "onednn"}, "batch_invariant"),
+                      ({"gemm": "mkl"}, "expected one of")]:
+        with pytest.raises(ValueError, match=match):
+            create_engine("torch", checkpoints["qwen3"], **kw)
+    assert onednn.measured_speedup(torch.randn(64, 32), rows=8, repeats=1) > 0

@@ -133,13 +133,16 @@ class TorchEngine:
         batch_invariant: bool = False,
         compile: bool = False,
         quantize: str | None = None,
+        gemm: str = "auto",
     ):
         """`batch_invariant`: fixed-size GEMM row blocks so results are identical whatever shares a
         batch, also with several BLAS threads (opt-in: costs up to ~2x on small decode batches).
         `compile`: the per-layer elementwise work as fused torch.compile kernels, compiled and warmed up
         here (torch_fused.py; eager with a warning where compiling fails).
         `quantize="int8"`: dynamic int8 layer GEMMs, float32 only (torch_int8.py).
-        Both are off by default; either one names the engine apart (`variant_name`)."""
+        Both are off by default; either one names the engine apart (`variant_name`).
+        `gemm`: the float32 layer GEMMs' library: "auto" (oneDNN where it measures clearly faster than
+        F.linear at load, torch_onednn.py; the choice is `self.lm.gemm`, why `self.lm.gemm_why`), "default", "onednn"."""
         torch = _import_torch()
         from workbench.model.checkpoint import LoadedCheckpoint, load_checkpoint
         from workbench.engines.torch_model import FastLM, check_options
@@ -154,7 +157,7 @@ class TorchEngine:
         self.dtype = dtype
         self.device = torch.device(device)
         self.lm = FastLM(ck.model, device=self.device, dtype=getattr(torch, dtype), batch_invariant=batch_invariant,
-                         compile=compile, quantize=quantize)
+                         compile=compile, quantize=quantize, gemm=gemm)
         # what actually runs: a compile that fell back to eager is plain "torch" again
         self.name = variant_name(self.lm.compiled, quantize)
         self._kv = KVLayout.of(self.lm, self.device)

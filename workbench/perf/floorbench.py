@@ -173,7 +173,7 @@ def run_floor(checkpoint: Path, peak_gflops: float, *, prompt_len: int, beam: in
     kpre = kern["prefill_gemm"] + kern["prefill_attention"] + kern["lm_head_prefill"]
     kdec = kfloor - kpre
     out = {
-        "engine": engine.name,
+        "engine": engine.name, "gemm": lm.gemm,
         "params_m": round(lm.n_params() / 1e6, 2), "prompt": P, "beam": B, "new_tokens": T, "dtype": dtype,
         "matmul_gflops": peak_gflops, "gflop": sum(fl.values()) / 1e9,
         "matmul_floor_ms": floor, "kernel_floor_ms": kfloor,
@@ -184,7 +184,8 @@ def run_floor(checkpoint: Path, peak_gflops: float, *, prompt_len: int, beam: in
         "phases": [asdict(p) for p in phases],
     }
     print(f"\ncompute floor of one beam request ({engine.name}): {out['params_m']}M params, prompt {P}, beam {B}, "
-          f"{T} new tokens, unconstrained, {dtype}; matmul rate {peak_gflops:.1f} GFLOP/s (1024^3)")
+          f"{T} new tokens, unconstrained, {dtype}; matmul rate {peak_gflops:.1f} GFLOP/s (1024^3); layer GEMMs "
+          f"{lm.gemm} ({lm.gemm_why})")
     print(f"{'phase':<18} {'GFLOP':>7} {'matmul floor ms':>16} {'kernels alone ms':>17} {'kernel GFLOP/s':>15}")
     for p in phases:
         print(f"{p.name:<18} {p.gflop:>7.2f} {p.matmul_floor_ms:>16.0f} {p.kernel_ms:>17.0f} "
