@@ -383,7 +383,8 @@ def test_int8_bad_combinations_fail_up_front(checkpoints, kw, match):
 # The float32 layer GEMMs on oneDNN instead of F.linear. The engine's parity with the hf oracle in both
 # modes is tests/test_engine_parity.py (its `engines` fixture runs every test with gemm="default" and
 # gemm="onednn"); here the kernel itself, with a bias (the test models have none), and the mode rules.
-# Fault injection (done once while writing this): the qkv bias not packed (OneDNNLinear(lw.wqkv, None)):
+# Fault injection (done once while writing this): the qkv bias not packed (make(lw.wqkv, None) in
+# torch_model.replace_layer_gemms):
 # the parity tests passed (no biases there), test_onednn_layers_are_float32_gemms failed.
 
 

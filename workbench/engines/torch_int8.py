@@ -72,8 +72,6 @@ class Int8Linear:
 
 def quantize_layers(layers: list) -> None:
     """Replace every layer's GEMM weights (torch_model.LayerWeights) by Int8Linear, biases packed in."""
-    for lw in layers:
-        lw.wqkv, lw.bqkv = Int8Linear(lw.wqkv, lw.bqkv), None
-        lw.wo, lw.bo = Int8Linear(lw.wo, lw.bo), None
-        lw.w_gate_up = Int8Linear(lw.w_gate_up)
-        lw.w_down = Int8Linear(lw.w_down)
+    from workbench.engines.torch_model import replace_layer_gemms
+
+    replace_layer_gemms(layers, Int8Linear)

@@ -171,6 +171,16 @@ class LayerWeights:
     w_down: Tensor
 
 
+def replace_layer_gemms(layers: list[LayerWeights], make: Callable) -> None:
+    """Replace every layer's GEMM weights (qkv, o, gate_up, down) by `make(weight, bias)`, a callable computing
+    x @ weight.T + bias with its own kernel (int8, oneDNN); the biases go into it (b* become None)."""
+    for lw in layers:
+        lw.wqkv, lw.bqkv = make(lw.wqkv, lw.bqkv), None
+        lw.wo, lw.bo = make(lw.wo, lw.bo), None
+        lw.w_gate_up = make(lw.w_gate_up, None)
+        lw.w_down = make(lw.w_down, None)
+
+
 @dataclass
 class PrefillSegment:
     """Whole prompts laid out consecutively (no padding) in the row batch."""

@@ -92,11 +92,9 @@ def choose(mode: str, w: Tensor, device: torch.device, dtype: torch.dtype) -> tu
 
 def pack_layers(layers: list) -> None:
     """Replace every layer's float32 GEMM weights (torch_model.LayerWeights) by OneDNNLinear, biases packed in."""
-    for lw in layers:
-        lw.wqkv, lw.bqkv = OneDNNLinear(lw.wqkv, lw.bqkv), None
-        lw.wo, lw.bo = OneDNNLinear(lw.wo, lw.bo), None
-        lw.w_gate_up = OneDNNLinear(lw.w_gate_up)
-        lw.w_down = OneDNNLinear(lw.w_down)
+    from workbench.engines.torch_model import replace_layer_gemms
+
+    replace_layer_gemms(layers, OneDNNLinear)
 
 
 def gflops(n: int = 1024, seconds: float = 1.0) -> float:
