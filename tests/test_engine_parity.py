@@ -21,6 +21,7 @@ from workbench.engines.base import BeamSearchRequest, Prompt, ScoreRequest  # no
 from workbench.engines.registry import create_engine  # noqa: E402
 from workbench.testing import make_random_checkpoint  # noqa: E402
 from workbench.engines.numerics import logprob_bound  # noqa: E402
+from workbench.engines.torch_model import BLOCKED_MIN_LEN  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -77,6 +78,9 @@ def test_beam_search_matches_hf_generate(engines):
         BeamSearchRequest(Prompt.of(rng.integers(2, 340, size=17).tolist()), beam_width=8, max_new_tokens=3),
         BeamSearchRequest(Prompt.of(rng.integers(2, 300, size=9).tolist()), beam_width=1, max_new_tokens=3),
         BeamSearchRequest(soft_prompt(te.limits, rng), beam_width=6, max_new_tokens=3),
+        # long enough for the CPU's blocked prefill attention (torch_model.BLOCKED_MIN_LEN), last block partial
+        BeamSearchRequest(Prompt.of(rng.integers(2, 300, size=BLOCKED_MIN_LEN + 44).tolist()), beam_width=5,
+                          max_new_tokens=3),
     ]
     fast, ref = run(te.beam_search(reqs)), run(he.beam_search(reqs))
     for f, r, q in zip(fast, ref, reqs):
@@ -116,6 +120,8 @@ def test_multi_item_scoring_equals_fanout(engines, n_cands):
     vocab = te.limits.vocab_size
     cands = tuple(tuple(rng.integers(2, vocab - 6, size=int(rng.integers(1, 6))).tolist()) for _ in range(n_cands))
     prompts = [Prompt.of(rng.integers(2, 300, size=11).tolist()), soft_prompt(te.limits, rng, n=9, pos=2)]
+    if n_cands < 100:  # a prompt for the CPU's blocked prefill attention (hf's fan-out of 500 on it is slow)
+        prompts.append(soft_prompt(te.limits, rng, n=BLOCKED_MIN_LEN + 1, pos=100))
     reqs = [ScoreRequest(p, cands, mode=m, label_token_ids=(5, 9)) for p in prompts for m in ("sequence", "label")]
     fast, ref = run(te.score(reqs)), run(he.score(reqs))
     for f, r, q in zip(fast, ref, reqs):

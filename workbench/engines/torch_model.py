@@ -5,7 +5,8 @@ any mix of *segments* over one flat set of token rows (the linear layers, which 
 see every row at once):
 
 - `PrefillSegment`: whole prompts, causal attention per prompt (`causal_attention`: query blocks of
-  matmuls on CPU, torch SDPA on CUDA); their K/V come back per layer and become the prompts' KV caches.
+  matmuls for CPU prompts of BLOCKED_MIN_LEN tokens or more, torch SDPA otherwise); their K/V come back per
+  layer and become the prompts' KV caches.
 - `SharedSegment`: R groups, each with a prompt KV cache that is *shared* by S streams (the beams
   of a request, or the candidates of a score request). Every stream has its own short KV (earlier
   generated tokens) plus Lq new query tokens. A query attends to [its group's prompt KV | its own
@@ -115,6 +116,10 @@ def silu_mul(gu: Tensor) -> Tensor:
 # Query rows per block of the CPU causal attention: 32/64/128 measured at prompt 512, head dim 64, 1 thread
 # (AMD EPYC, AVX512-BF16): 64 best or within 15% of best in float32 and bfloat16; 256 slower (scores outgrow L2).
 ATTN_BLOCK = 64
+# Shorter prompts keep SDPA: at 64-128 tokens its one call beat the blocks' per-call overhead (SDPA 1.2-2.4x faster
+# with 2-4 heads of 32, about even with 8 heads of 64; same CPU), at 512 the blocks won in every shape measured
+# (0.34-0.96x SDPA's time). The study's SID prompts (~80 tokens) stay on SDPA; text prompts and the benchmark's 512 do not.
+BLOCKED_MIN_LEN = 4 * ATTN_BLOCK
 
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, block: int = ATTN_BLOCK) -> Tensor:
@@ -430,7 +435,7 @@ class FastLM:
         outs, kvs, off = [], [], 0
         for L in seg.lengths:
             qp, kp, vp = (z[off : off + L].transpose(0, 1) for z in (q, k, v))  # [heads, L, D]
-            if self.device.type == "cpu":
+            if self.device.type == "cpu" and L >= BLOCKED_MIN_LEN:
                 kp, vp = kp.contiguous(), vp.contiguous()  # read once per query block
                 o = causal_attention(qp, kp, vp, self.scale).view(H, L, D)
             else:
