@@ -65,6 +65,19 @@ def resolve_dtype(dtype: str, engine: str | None = None) -> str:
     return "bfloat16" if has_bf16_instructions() else "float32"
 
 
+def gemm_rate(run, flop: float, seconds: float = 1.0, sync=None) -> float:
+    """GFLOP/s of `run()` (one GEMM of `flop` FLOPs): three warm-up calls, then as many as fit in `seconds`."""
+    for _ in range(3):
+        run()
+    reps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        run()
+        reps += 1
+    if sync is not None:
+        sync()
+    return flop * reps / (time.perf_counter() - t0) / 1e9
+
+
 def matmul_gflops(dtype="float32", device: str = "cpu", n: int = 1024, seconds: float = 1.0) -> float:
     """Measured n x n matmul rate (GFLOP/s) at the current torch thread count."""
     import torch
@@ -72,12 +85,4 @@ def matmul_gflops(dtype="float32", device: str = "cpu", n: int = 1024, seconds: 
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     a = torch.randn(n, n, dtype=dtype, device=device)
     b = torch.randn(n, n, dtype=dtype, device=device)
-    for _ in range(3):
-        a @ b
-    reps, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        a @ b
-        reps += 1
-    if device != "cpu":
-        torch.cuda.synchronize()
-    return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e9
+    return gemm_rate(lambda: a @ b, 2 * n**3, seconds, None if device == "cpu" else torch.cuda.synchronize)

@@ -18,6 +18,7 @@ float32 bound the parity tests derive (workbench/engines/numerics.py). The lm_he
 from __future__ import annotations
 
 import time
+from functools import lru_cache
 
 import torch
 from torch import Tensor
@@ -67,6 +68,13 @@ def measured_speedup(w: Tensor, rows: int = PACK_ROWS, repeats: int = 5) -> floa
     return _best_s(lambda: torch.nn.functional.linear(x, w), repeats) / _best_s(lambda: fast(x), repeats)
 
 
+@lru_cache(maxsize=None)
+def _speedup_at(out_features: int, in_features: int, threads: int) -> float:
+    """measured_speedup on a random weight of this shape, once per shape and thread count in a process (what it
+    measures is the libraries on this CPU, not the weight's values), so engines after the first load without it."""
+    return measured_speedup(torch.randn(out_features, in_features))
+
+
 def choose(mode: str, w: Tensor, device: torch.device, dtype: torch.dtype) -> tuple[str, str]:
     """("onednn" | "default", why) for `mode` on this model's float32 GEMM weight `w` (the largest layer GEMM)."""
     if mode not in GEMM_MODES:
@@ -84,7 +92,7 @@ def choose(mode: str, w: Tensor, device: torch.device, dtype: torch.dtype) -> tu
         return "default", "this PyTorch build has no oneDNN linear kernel"
     if mode == "onednn":
         return "onednn", "asked for"
-    speedup = measured_speedup(w)
+    speedup = _speedup_at(int(w.shape[0]), int(w.shape[1]), torch.get_num_threads())
     if speedup >= MIN_SPEEDUP:
         return "onednn", f"measured {speedup:.2f}x faster than F.linear here"
     return "default", f"oneDNN measured {speedup:.2f}x F.linear here (keeps it above {MIN_SPEEDUP}x)"
@@ -100,11 +108,7 @@ def pack_layers(layers: list) -> None:
 def gflops(n: int = 1024, seconds: float = 1.0) -> float:
     """Measured n x n float32 GEMM rate through oneDNN (packed weight), GFLOP/s at the current thread count: the
     counterpart of hardware.matmul_gflops, so a compute floor uses the faster of the two libraries."""
+    from workbench.hardware import gemm_rate
+
     x, fast = torch.randn(n, n), OneDNNLinear(torch.randn(n, n))
-    for _ in range(3):
-        fast(x)
-    reps, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        fast(x)
-        reps += 1
-    return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e9
+    return gemm_rate(lambda: fast(x), 2 * n**3, seconds)
