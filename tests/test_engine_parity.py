@@ -227,3 +227,28 @@ def _check_batch_independence(te, dtype):
     for got, ref, req in ((together[31], alone, target), (together[-1], alone_c, target_c)):
         bound = _bound(te, req, dtype)
         assert_same_beams(got, ref, tol=bound, swap_tol=bound)
+
+
+def test_stacked_selection_equals_per_request_selection():
+    """One top-k over a decode step's requests (select_beams_stacked) keeps exactly the beams, log-probs and
+    parents that per-request select_beams keeps; a request with too few finite candidates (a constraint's
+    -inf) is handed back as None, so the engine selects it alone."""
+    from workbench.engines.torch_search import select_beams, select_beams_stacked
+
+    g = torch.Generator().manual_seed(0)
+    n, B, s, V, width = 5, 6, 2, 40, 6
+    tokens = [torch.randint(0, V, (B, s + i % 2), generator=g) for i in range(n)]  # two depths
+    cum = -torch.rand(n, B, generator=g) * 3
+    logp = torch.log_softmax(torch.randn(n, B, V, generator=g) * 3, dim=-1)
+    logp[3, :, 4:] = float("-inf")  # request 3: 6 beams x 4 allowed tokens = 24 finite candidates
+    logp[4, :, 1:] = float("-inf")  # request 4: one token per beam ...
+    logp[4, 3:, :] = float("-inf")  # ... on 3 beams: 3 finite candidates for width 6, per-request keeps 3
+    stacked = select_beams_stacked(tokens, cum, logp, width)
+    for i in range(n):
+        alone = select_beams(tokens[i], cum[i], logp[i], width)
+        if i == 4:
+            assert stacked[i] is None and alone.cum.numel() == 3
+            continue
+        got = stacked[i]
+        assert torch.equal(got.tokens, alone.tokens) and torch.equal(got.parents, alone.parents)
+        assert torch.equal(got.cum, alone.cum)

@@ -65,6 +65,7 @@ from workbench.engines.torch_search import (
     row_offsets,
     score_segment,
     select_beams,
+    select_beams_stacked,
 )
 
 
@@ -492,15 +493,20 @@ class TorchEngine:
             counts = j.banned_counts[int(prefixes.shape[1])].expand(prefixes.shape[0], -1)
         return constraint_mask(self.trie, prefixes, self.lm.vocab_size, self.device, counts)
 
+    def _allowed_logp(self, j: _Job, logp):
+        """`logp` [B, vocab] with the tokens that constrained job `j` may not take next at -inf."""
+        if not j.req.constrained:
+            return logp
+        torch = _import_torch()
+        prefixes = j.tokens if j.tokens is not None else torch.zeros(logp.shape[0], 0, dtype=torch.long)
+        return logp.masked_fill(~self._mask(j, prefixes), float("-inf"))
+
     def _select(self, j: _Job, cum, logp) -> None:
         """Keep the top beam_width of (beam, token) continuations; finish when all tokens are out."""
-        torch = _import_torch()
-        req = j.req
-        allowed = None
-        if req.constrained:
-            prefixes = j.tokens if j.tokens is not None else torch.zeros(cum.shape[0], 0, dtype=torch.long)
-            allowed = self._mask(j, prefixes)
-        sel = select_beams(j.tokens, cum, logp, req.beam_width, allowed)
+        self._apply(j, select_beams(j.tokens, cum, self._allowed_logp(j, logp), j.req.beam_width), logp)
+
+    def _apply(self, j: _Job, sel, logp) -> None:
+        """Take selection `sel` of job `j` (None: nothing finite was left; `logp` says whether NaN is why)."""
         if sel is None:
             j.done = True
             if bool(logp.isnan().any()):  # not the constraint: say so (a NaN row is no "banned SID")
@@ -510,7 +516,7 @@ class TorchEngine:
                 self._fail(j, "no valid continuation: every SID is banned or the constraint allows no token")
             return
         j.tokens, j.cum, j.parents = sel.tokens, sel.cum, sel.parents
-        if j.tokens.shape[1] >= req.max_new_tokens:
+        if j.tokens.shape[1] >= j.req.max_new_tokens:
             self._finish_beam(j)
 
     def _first_step(self, j: _Job) -> None:
@@ -520,15 +526,27 @@ class TorchEngine:
         j.own_kv = None
 
     def _decode_step(self, dec: list[_Job], seg, h) -> None:
+        torch = _import_torch()
         lp = self.lm.log_probs(h)  # [rows, vocab]
         offs = row_offsets([int(j.tokens.shape[0]) for j in dec])
+        rows = [lp[offs[r] : offs[r + 1]] for r in range(len(dec))]
+        groups: dict[tuple, list[int]] = {}  # requests of one beam count and width: one top-k
         for r, j in enumerate(dec):
-            s_new = int(j.tokens.shape[1])  # own KV length after this step
-            self._select(j, j.cum, lp[offs[r] : offs[r + 1]])
-            if j.done:
-                j.own_kv = j.prompt_kv = None
-            else:
-                j.own_kv = reorder_own_kv(seg.own_kv, r, j.parents, s_new)
+            groups.setdefault((int(j.tokens.shape[0]), j.req.beam_width), []).append(r)
+        for (_, width), members in groups.items():
+            js = [dec[r] for r in members]
+            allowed = [self._allowed_logp(j, rows[r]) for j, r in zip(js, members)]
+            sels = [None] * len(js)
+            if len(js) > 1:
+                sels = select_beams_stacked([j.tokens for j in js], torch.stack([j.cum for j in js]),
+                                            torch.stack(allowed), width)
+            for j, r, a, sel in zip(js, members, allowed, sels):
+                s_new = int(j.tokens.shape[1])  # own KV length after this step
+                self._apply(j, sel if sel is not None else select_beams(j.tokens, j.cum, a, width), rows[r])
+                if j.done:
+                    j.own_kv = j.prompt_kv = None
+                else:
+                    j.own_kv = reorder_own_kv(seg.own_kv, r, j.parents, s_new)
 
     def _finish_beam(self, j: _Job) -> None:
         j.done = True

@@ -177,6 +177,22 @@ def select_beams(tokens, cum, logp, beam_width: int, allowed=None) -> Selection 
     return Selection(torch.cat([prev.to(toks.device)[parents], toks[:, None]], dim=1), top, parents)
 
 
+def select_beams_stacked(tokens: Sequence, cum, logp, beam_width: int) -> list[Selection | None]:
+    """`select_beams` for n requests of B beams each in one top-k (a decode step of many requests of one beam
+    width: per-request calls were ~12% of the small model's engine time). `tokens`: n [B, s_i] (requests may
+    be at different depths), `cum` [n, B], `logp` [n, B, vocab] (constraints already applied as -inf). A request
+    whose top holds a non-finite candidate gets None: `select_beams` on its own rows then keeps only its
+    finite ones."""
+    import torch
+
+    n, B, vocab = logp.shape
+    top, idx = torch.topk((cum[..., None] + logp).reshape(n, B * vocab), min(beam_width, B * vocab), dim=1)
+    finite = torch.isfinite(top).all(dim=1).tolist()
+    parents, toks = idx // vocab, idx % vocab
+    return [Selection(torch.cat([tokens[i][parents[i]], toks[i, :, None]], dim=1), top[i], parents[i])
+            if finite[i] else None for i in range(n)]
+
+
 def reorder_own_kv(own_kv: Sequence[tuple], r: int, parents, s_new: int) -> list:
     """Request r's generated-token KV after a step, per layer (k, v) [B', Hkv, s_new, D]: the rows of a
     forward's own KV ([R, S, Hkv, T, D] per layer) that the kept beams (`parents` [B']) extend."""

@@ -1,4 +1,4 @@
-"""The one error shape of every non-200 answer, and the request types every route shares.
+"""The one error shape of every non-200 answer, the 200 answer, and the request types every route shares.
 
 `{"error": {"message", "type", "code"}}` (OpenAI's shape) for 4xx and 5xx alike; messages are capped
 and quote inputs only as short excerpts, so a megabyte request never gets a megabyte answer.
@@ -28,6 +28,15 @@ SHAPE_TAGS = (PROMPT_ONE, PROMPT_MANY, TEXT, TEXTS)
 
 def cap(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     return message if len(message) <= limit else message[: limit - 1] + "…"
+
+
+def json_answer(content: dict):
+    """A 200 answer, serialized once by `json.dumps`. A route that returns the dict itself has FastAPI walk it
+    with `jsonable_encoder` first: ~20% of the HTTP thread's time at the small model's saturation (30 beams per
+    answer). The routes' contents are plain JSON types and finite (non-finite results are refused as 400s)."""
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse(content)
 
 
 def error_response(status: int, message: str, kind: str = "invalid_request_error", headers: dict | None = None):

@@ -84,6 +84,7 @@ from workbench.engines.serving.errors import (
     cap,
     error_response,
     excerpt,
+    json_answer,
 )
 
 router = APIRouter()
@@ -405,7 +406,7 @@ async def completions(body: CompletionRequest, request: Request):
         return StreamingResponse(_events(head, per_prompt, ids, usage, bool(opts.include_usage),
                                          bool(opts.include_usage and opts.continuous_usage_stats)),
                                  media_type="text/event-stream")
-    return {**head, "choices": [c for cs in per_prompt for c in cs], "usage": usage}
+    return json_answer({**head, "choices": [c for cs in per_prompt for c in cs], "usage": usage})
 
 
 async def _events(head: dict, per_prompt: list[list[dict]], ids: list[list[int]], usage: dict, include_usage: bool,

@@ -52,6 +52,7 @@ from workbench.engines.serving.errors import (
     UserVector,
     all_finite,
     error_response,
+    json_answer,
 )
 
 router = APIRouter()
@@ -183,7 +184,7 @@ async def score(body: ScoreBody, request: Request):
     if not all_finite(logps):
         return error_response(400, NON_FINITE.format(what="scores"))
     scores = [label_scores(row, body.apply_softmax, body.temperature) for row in logps]
-    return _answer(body, state.model_name, scores, logps, sum(len(s) for s in seqs))
+    return json_answer(_answer(body, state.model_name, scores, logps, sum(len(s) for s in seqs)))
 
 
 def _answer(body: ScoreBody, model_name: str, scores: list, logps: list, prompt_tokens: int) -> dict:
@@ -297,6 +298,6 @@ async def score_sequences(body: SequenceScoreBody, request: Request):
     if not all_finite(res.scores):
         return error_response(400, NON_FINITE.format(what="scores"))
     item_tokens = sum(len(i) for i in body.items)
-    return {"object": "workbench.sequence_scores", "model": body.model or model_name, "scores": res.scores,
-            "usage": {"prompt_tokens": res.prompt_tokens, "item_tokens": item_tokens,
-                      "total_tokens": res.prompt_tokens + item_tokens}}
+    return json_answer({"object": "workbench.sequence_scores", "model": body.model or model_name,
+                        "scores": res.scores, "usage": {"prompt_tokens": res.prompt_tokens, "item_tokens": item_tokens,
+                                                        "total_tokens": res.prompt_tokens + item_tokens}})
