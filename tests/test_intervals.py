@@ -92,3 +92,28 @@ def test_study_sized_call_is_fast():
     iv = seed_user_bootstrap(a, b, n_boot=1000)
     assert isinstance(iv, Interval)
     assert time.perf_counter() - t0 < 1.0
+
+
+def test_verdicts_say_what_the_intervals_decide():
+    """The table's comparisons in words: ahead / behind only when the seed-and-user interval excludes 0."""
+    from workbench import names
+    from workbench.study.compare import Entry, comparison_table
+    from workbench.study.summary import verdicts
+
+    rng = np.random.default_rng(0)
+    n10, metrics = names.ndcg_at(10), (names.recall_at(10), names.ndcg_at(10), names.MRR)
+
+    def entry(name, shift):
+        e = Entry(name)
+        for seed in range(3):
+            base = rng.random(400) * 0.3  # per-user noise, different per seed
+            e.per_seed[seed] = {m: np.clip(base + shift, 0, 1) for m in metrics}
+        return e
+
+    entries = {"none": entry("none", 0.0), "ahead": entry("ahead", 0.3), "behind": entry("behind", -0.3),
+               "level": entry("level", 0.0)}
+    said = {v.split(" vs ")[0]: v for v in verdicts(comparison_table(entries, 300, 0)) if " vs none:" in v}
+    assert said["ahead"].endswith("ahead is ahead") and said["behind"].endswith("behind is behind")
+    assert said["level"].endswith("undecided (the interval holds 0)")
+    assert set(said) == {"ahead", "behind", "level"}  # no row is compared with itself
+    assert n10 in comparison_table(entries, 50, 0).columns

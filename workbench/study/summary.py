@@ -46,6 +46,34 @@ def markdown_table(table) -> str:
     return "\n".join(lines)
 
 
+REFERENCE_NAMES = {"none": "none", "als": "ALS", "sasrec": "SASRec"}
+
+
+def verdicts(table) -> list[str]:
+    """Each comparison of the table in words: which side its 95% interval puts ahead, or that it decides
+    nothing (the interval holds 0: the difference is inside seed and user noise). A variant row
+    (`method/shuffled`, `method/zeroed`) is read against its method's own signal."""
+    out = []
+    for _, r in table.iterrows():
+        r = r.to_dict()
+        name = r["method"]
+        for tag in ("own", "none", "als", "sasrec"):
+            key = f"vs_{tag}/{N10}"
+            d = r.get(key)
+            if d is None or (isinstance(d, float) and math.isnan(d)):
+                continue
+            ref = f"{name.split('/')[0]} with its own signal" if tag == "own" else REFERENCE_NAMES[tag]
+            lo, hi = r[key + "_lo"], r[key + "_hi"]
+            if lo > 0:
+                word = f"{name} is ahead"
+            elif hi < 0:
+                word = f"{name} is behind"
+            else:
+                word = "undecided (the interval holds 0)"
+            out.append(f"{name} vs {ref}: NDCG@10 {d:+.4f} [{lo:+.4f}, {hi:+.4f}]: {word}")
+    return out
+
+
 def format_table(table, cfg) -> str:
     """The table as text for the console, with what it was measured on."""
     n_users = int(table["test_users"].iloc[0])
@@ -55,7 +83,9 @@ def format_table(table, cfg) -> str:
              f"({cfg.evaluation.bootstrap} resamples), NDCG@10 differences."]
     if cfg.name.startswith("quickstart"):
         notes.append("SMOKE-QUALITY numbers: small model, short training. Use the ml1m experiment for findings.")
-    return "\n".join(["", markdown_table(table), "", *notes, ""])
+    found = verdicts(table)
+    said = ["What the intervals decide:", *(f"- {v}" for v in found)] if found else []
+    return "\n".join(["", markdown_table(table), "", *notes, "", *said, ""])
 
 
 def figures(table, trained) -> dict:
