@@ -268,34 +268,47 @@ def test_sasrec_init_gives_unit_scale_inputs_and_logits():
     assert float(logits.std()) < 2.0
 
 
-def test_training_resumes_after_an_interrupt_exactly(tmp_path, one_torch_thread):
-    """Interrupted after epoch 1 (a KeyboardInterrupt, as a SIGTERM becomes one), the same call resumes from
-    `resume.pt` and ends with the weights and history of the uninterrupted run: same ops in the same order on
-    one thread, so equality is exact."""
-    import torch
-
+def _soft_token_training(out, log_fn=None, **settings):
+    """A small soft_token training run (3 epochs); returns (TrainResult, model)."""
     from workbench.config import ModelConfig
     from workbench.model.backbone import build_backbone
     from workbench.study.prompts import PromptBuilder, eval_examples
-    from workbench.study.train import RESUME_FILE, TrainSettings, train_model
+    from workbench.study.train import TrainSettings, train_model
     from workbench.study.windows import WindowBuilder
 
     data, codes, enc, texts = synthetic()
     cfg = ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64,
                       max_position_embeddings=128, bpe_vocab_size=300)
-    st = TrainSettings(epochs=3, batch_targets=64, lr=5e-3, patience=5, seed=0, progress=False, bf16=False)
+    st = TrainSettings(**{**dict(epochs=3, batch_targets=64, lr=5e-3, patience=5, seed=0, progress=False, bf16=False),
+                          **settings})
+    bb = build_backbone(cfg, texts, (4, 4, 3), 1, (4, 1), seed=0)
+    b = PromptBuilder("soft_token", bb.layout, bb.layout.item_codes_to_ids(codes), recent_k=3, long_m=5,
+                      max_prompt_tokens=120)
+    wb = WindowBuilder(b, max_tokens=120)
+    va = eval_examples(b, data, "valid", enc, users=np.arange(24))
+    res = train_model(bb, lambda rng: wb.epoch(data.train, enc, rng), va, codes, out, st, user_dim=N_CLUSTERS,
+                      log_fn=log_fn)
+    return res, bb.model
 
-    def run(out, log_fn=None):
-        bb = build_backbone(cfg, texts, (4, 4, 3), 1, (4, 1), seed=0)
-        b = PromptBuilder("soft_token", bb.layout, bb.layout.item_codes_to_ids(codes), recent_k=3, long_m=5,
-                          max_prompt_tokens=120)
-        wb = WindowBuilder(b, max_tokens=120)
-        va = eval_examples(b, data, "valid", enc, users=np.arange(24))
-        res = train_model(bb, lambda rng: wb.epoch(data.train, enc, rng), va, codes, out, st, user_dim=N_CLUSTERS,
-                          log_fn=log_fn)
-        return res, bb.model
 
-    full, model_full = run(tmp_path / "full")
+def _assert_same_training(full, model_full, resumed, model_resumed):
+    import torch
+
+    assert resumed.steps == full.steps and resumed.epochs_run == full.epochs_run == 3
+    assert [h.get("train_loss") for h in resumed.history] == [h.get("train_loss") for h in full.history]
+    assert [h.get(names.VALID_NDCG10) for h in resumed.history] == [h.get(names.VALID_NDCG10) for h in full.history]
+    assert resumed.train_tokens == full.train_tokens and resumed.flops == full.flops
+    for (name, a), b in zip(model_full.state_dict().items(), model_resumed.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_training_resumes_after_an_interrupt_exactly(tmp_path, one_torch_thread):
+    """Interrupted after epoch 1 (a KeyboardInterrupt, as a SIGTERM becomes one), the same call resumes from
+    `resume.pt` and ends with the weights and history of the uninterrupted run: same ops in the same order on
+    one thread, so equality is exact."""
+    from workbench.study.train import RESUME_FILE
+
+    full, model_full = _soft_token_training(tmp_path / "full", save_every_s=0)
     epochs_seen = []
 
     def stop_in_epoch_2(metrics, step):
@@ -305,11 +318,47 @@ def test_training_resumes_after_an_interrupt_exactly(tmp_path, one_torch_thread)
                 raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run(tmp_path / "cut", stop_in_epoch_2)
+        _soft_token_training(tmp_path / "cut", stop_in_epoch_2, save_every_s=0)
     assert (tmp_path / "cut" / RESUME_FILE).exists()
-    resumed, model_resumed = run(tmp_path / "cut")
+    resumed, model_resumed = _soft_token_training(tmp_path / "cut", save_every_s=0)
     assert not (tmp_path / "cut" / RESUME_FILE).exists()  # removed once the checkpoint is saved
-    assert resumed.steps == full.steps and resumed.epochs_run == full.epochs_run == 3
-    assert [h.get("train_loss") for h in resumed.history] == [h.get("train_loss") for h in full.history]
-    for (name, a), b in zip(model_full.state_dict().items(), model_resumed.state_dict().values()):
-        assert torch.equal(a, b), name
+    _assert_same_training(full, model_full, resumed, model_resumed)
+
+
+@pytest.mark.parametrize("epoch", [1, 2])
+def test_training_resumes_inside_an_epoch_exactly(tmp_path, one_torch_thread, monkeypatch, epoch):
+    """Killed a few batches after a save inside epoch `epoch` (the end of a session mid-epoch), the run resumes
+    from that save: the epoch's windows and batches drawn again from the saved RNG state, the batches done
+    before the save skipped, the ones after it redone; weights, losses, validation and counters end as in the
+    uninterrupted run. epoch 1 covers the windows drawn before the loop, 2 those drawn in it."""
+    from workbench.study import train as train_mod
+
+    full, model_full = _soft_token_training(tmp_path / "full", save_every_s=0)
+    per_epoch = full.steps // 3
+    assert per_epoch >= 4, "the test needs a few batches per epoch"
+    real_save, calls, kept = train_mod._save_resume, {"backward": 0}, []
+
+    def save_first_mid_of_epoch(path, state):
+        mid = state["mid"]
+        if mid is None:  # the end of an epoch
+            real_save(path, state)
+        elif state["epoch"] == epoch - 1 and mid["batches_done"] == 2 and not kept:
+            kept.append(mid)
+            real_save(path, state)  # every other save inside an epoch is skipped: the kill comes later
+
+    real_backward = train_mod._Step.backward
+
+    def killed_later(self, *a, **k):
+        calls["backward"] += 1
+        if calls["backward"] == (epoch - 1) * per_epoch + 4:  # 2 batches after the kept save: redone
+            raise KeyboardInterrupt
+        return real_backward(self, *a, **k)
+
+    monkeypatch.setattr(train_mod, "_save_resume", save_first_mid_of_epoch)
+    monkeypatch.setattr(train_mod._Step, "backward", killed_later)
+    with pytest.raises(KeyboardInterrupt):
+        _soft_token_training(tmp_path / "cut", save_every_s=1e-9)  # a save after every batch
+    assert len(kept) == 1
+    monkeypatch.setattr(train_mod._Step, "backward", real_backward)
+    resumed, model_resumed = _soft_token_training(tmp_path / "cut", save_every_s=1e-9)
+    _assert_same_training(full, model_full, resumed, model_resumed)

@@ -79,7 +79,7 @@ def _say(msg: str) -> None:
 
 def _train_key(cfg, inp: StudyInputs, method: str, lr: float, seed: int) -> str:
     tr = cfg.training.model_dump(mode="json")
-    for k in ("seeds", "lr_grid", "num_threads"):  # threads change results only through rounding
+    for k in ("seeds", "lr_grid", "num_threads", "save_every_s"):  # threads: rounding only; saves: nothing
         tr.pop(k)
     meth = {"recent_k": cfg.methods.recent_k, "long_m": cfg.methods.long_m}
     return section_hash("train", CACHE_FORMAT, cfg.model, tr, meth, method, float(lr), int(seed), inp.upstream_key)

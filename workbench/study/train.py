@@ -20,9 +20,13 @@ the torch engine* (the same path as the final evaluation); the epoch with the be
 NDCG@10 is kept, training stops after `patience` epochs without improvement. Logged per epoch:
 loss, validation NDCG@10 / Recall@10, training FLOPs so far (`flops.py`), tokens/s.
 
-After every epoch the whole training state (weights, optimizer, schedule, both RNGs, the best epoch
-so far, counters) is saved to `out_dir/resume.pt`; a run stopped by a signal or the end of a session
-resumes after its last finished epoch and continues exactly as the uninterrupted run would have.
+After every epoch, and every `save_every_s` seconds of training inside one, the whole training state
+(weights, optimizer, schedule, both RNGs, the best epoch so far, counters; inside an epoch also the numpy
+RNG state the epoch's windows were drawn from and how many of its batches are done) is saved to
+`out_dir/resume.pt`; a run stopped by a signal, a kill or the end of a session resumes from the last save
+(the epoch's windows and batches drawn again from that state, its finished batches skipped) and continues
+exactly as the uninterrupted run would have. An ML-1M text_history epoch is ~40 minutes on one core: a
+session that ends mid-epoch loses at most `save_every_s` of it, not the whole epoch.
 
 Under torchrun (`workbench.dist`) every rank builds the same windows and batches (one seed) and takes its
 share of each batch's windows; the gradients are summed over the ranks before clip + step (`_Step.backward`),
@@ -62,6 +66,7 @@ class TrainSettings:
     valid_beam_width: int = 10  # beam width of the per-epoch validation (NDCG@10 needs >= 10)
     grad_clip: float = 1.0
     progress: bool = True
+    save_every_s: float = 600.0  # training seconds between saves inside an epoch (0: only at epoch ends)
 
 
 @dataclass
@@ -268,6 +273,7 @@ def train_model(backbone, windows: Callable[[np.random.Generator], object], vali
     model, layout = backbone.model, backbone.layout
     torch.manual_seed(st.seed)
     rng = np.random.default_rng(st.seed)
+    epoch_rng = rng.bit_generator.state  # what the current epoch's windows and batches are drawn from
     ws = windows(rng)
     method = ws.method
     projector = None
@@ -300,7 +306,8 @@ def train_model(backbone, windows: Callable[[np.random.Generator], object], vali
     best = (-1.0, -1.0, None, None, -1)  # ndcg, recall, model state, projector state, epoch
     history, step, tokens, flops, bad, train_s = [], 0, 0, 0.0, 0, 0.0
     first_epoch, stopped, t0 = 0, False, time.perf_counter()
-    if saved is not None:  # go on after the last finished epoch, as if never stopped
+    done_batches, tot, nb = 0, 0.0, 0  # of the first epoch run here (a save inside an epoch resumes mid-way)
+    if saved is not None:  # go on after the last save, as if never stopped
         model.load_state_dict(saved["model"])
         if projector is not None:
             projector.load_state_dict(saved["projector"])
@@ -312,22 +319,43 @@ def train_model(backbone, windows: Callable[[np.random.Generator], object], vali
         history, step, tokens, flops, bad, train_s = (saved[k] for k in ("history", "step", "tokens", "flops", "bad",
                                                                          "train_s"))  # fmt: skip
         first_epoch, stopped, t0 = saved["epoch"], saved["stopped"], t0 - saved["wall_s"]
-        print(f"  {method} lr={st.lr:g}: resuming after epoch {first_epoch} (step {step}) from {resume_file}", flush=True)
-    if dist.world().size > 1:
-        dist.check_same(_digest(ws, batches, params), "the first epoch's windows and batches or the weights")
+        mid = saved.get("mid")
+        where = f"after epoch {first_epoch}"
+        if mid is not None:  # inside epoch first_epoch + 1: its windows and batches again, its done batches skipped
+            epoch_rng, done_batches, tot, nb = mid["epoch_rng"], mid["batches_done"], mid["loss_sum"], mid["batches"]
+            rng.bit_generator.state = epoch_rng
+            ws = windows(rng)
+            batches = target_batches(ws.targets_per_window(), ws.lengths(), st.batch_targets, rng)
+            where = f"in epoch {first_epoch + 1} after batch {done_batches} of {len(batches)}"
+        print(f"  {method} lr={st.lr:g}: resuming {where} (step {step}) from {resume_file}", flush=True)
+
+    def state(epoch_done: int, mid: dict | None = None) -> dict:
+        return {
+            "epoch": epoch_done, "stopped": stopped, "model": model.state_dict(), "optimizer": opt.state_dict(),
+            "projector": None if projector is None else projector.state_dict(), "scheduler": sched.state_dict(),
+            "torch_rng": torch.get_rng_state(), "numpy_rng": rng.bit_generator.state, "best": list(best),
+            "history": history, "step": step, "tokens": tokens, "flops": flops, "bad": bad, "train_s": train_s,
+            "wall_s": time.perf_counter() - t0, "use_bf16": use_bf16, "bf16_info": bf16_info, "mid": mid,
+        }  # fmt: skip
+
     for epoch in range(first_epoch, st.epochs):
         if stopped:
             break
-        if epoch:
+        if epoch and not (epoch == first_epoch and done_batches):  # (a mid-epoch resume drew them above)
+            epoch_rng = rng.bit_generator.state
             ws = windows(rng)
             batches = target_batches(ws.targets_per_window(), ws.lengths(), st.batch_targets, rng)
+        if epoch > first_epoch:
+            done_batches, tot, nb = 0, 0.0, 0
         model.train()
         if projector is not None:
             projector.train()
-        bar = progress(batches, desc=f"{method} lr={st.lr:g} epoch {epoch + 1}/{st.epochs}", unit="batch",
+        left = batches[done_batches:]
+        bar = progress(left, desc=f"{method} lr={st.lr:g} epoch {epoch + 1}/{st.epochs}"
+                       + (f" (from batch {done_batches + 1})" if done_batches else ""), unit="batch",
                        enabled=st.progress)
-        tot, nb, te = 0.0, 0, time.perf_counter()
-        for idx in bar:
+        te = last_save = time.perf_counter()
+        for b, idx in enumerate(bar, done_batches + 1):
             if step >= total:
                 break
             opt.zero_grad(set_to_none=True)
@@ -342,6 +370,12 @@ def train_model(backbone, windows: Callable[[np.random.Generator], object], vali
             bar.set_postfix(loss=f"{lv:.3f}")
             if log_fn and step % 20 == 0:
                 log_fn({names.TRAIN_LOSS: lv, "train/lr": sched.get_last_lr()[0]}, step)
+            now = time.perf_counter()
+            if st.save_every_s and now - last_save >= st.save_every_s and b < len(batches) and main:
+                train_s += now - te  # the training time up to this save counts once, whatever happens next
+                _save_resume(resume_file, state(epoch, {"epoch_rng": epoch_rng, "batches_done": b, "loss_sum": tot,
+                                                        "batches": nb}))
+                te = last_save = time.perf_counter()
         bar.close()
         train_s += time.perf_counter() - te
         model.eval()
@@ -365,13 +399,7 @@ def train_model(backbone, windows: Callable[[np.random.Generator], object], vali
             bad += 1
         stopped = bad >= st.patience or step >= total
         if main:  # the other ranks hold the same state
-            _save_resume(resume_file, {
-                "epoch": epoch + 1, "stopped": stopped, "model": model.state_dict(), "optimizer": opt.state_dict(),
-                "projector": None if projector is None else projector.state_dict(), "scheduler": sched.state_dict(),
-                "torch_rng": torch.get_rng_state(), "numpy_rng": rng.bit_generator.state, "best": list(best),
-                "history": history, "step": step, "tokens": tokens, "flops": flops, "bad": bad, "train_s": train_s,
-                "wall_s": time.perf_counter() - t0, "use_bf16": use_bf16, "bf16_info": bf16_info,
-            })  # fmt: skip
+            _save_resume(resume_file, state(epoch + 1))
     model.load_state_dict(best[2])
     if projector is not None:
         projector.load_state_dict(best[3])
@@ -390,7 +418,7 @@ def train_model(backbone, windows: Callable[[np.random.Generator], object], vali
     )
 
 
-RESUME_FILE = "resume.pt"  # the training state after the last finished epoch (removed once the model is saved)
+RESUME_FILE = "resume.pt"  # the training state at the last save (removed once the model is saved)
 
 
 def _save_resume(path: Path, state: dict) -> None:
