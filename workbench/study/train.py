@@ -328,6 +328,8 @@ def train_model(backbone, windows: Callable[[np.random.Generator], object], vali
             batches = target_batches(ws.targets_per_window(), ws.lengths(), st.batch_targets, rng)
             where = f"in epoch {first_epoch + 1} after batch {done_batches} of {len(batches)}"
         print(f"  {method} lr={st.lr:g}: resuming {where} (step {step}) from {resume_file}", flush=True)
+    if dist.world().size > 1:
+        dist.check_same(_digest(ws, batches, params), "the first epoch's windows and batches or the weights")
 
     def state(epoch_done: int, mid: dict | None = None) -> dict:
         return {
