@@ -362,3 +362,12 @@ def test_training_resumes_inside_an_epoch_exactly(tmp_path, one_torch_thread, mo
     monkeypatch.setattr(train_mod._Step, "backward", real_backward)
     resumed, model_resumed = _soft_token_training(tmp_path / "cut", save_every_s=1e-9)
     _assert_same_training(full, model_full, resumed, model_resumed)
+
+
+def test_bf16_auto_is_the_cpus_choice_unless_bf16_is_clearly_slower():
+    """Near-equal step times (the quickstart's small models) must not flip the dtype between runs: bf16 on a CPU
+    with bf16 instructions unless its step is BF16_SLOWER_LIMIT (1.2x) float32's or slower."""
+    from workbench.study.train import BF16_SLOWER_LIMIT, bf16_from_timings
+
+    assert bf16_from_timings(1.0, 0.5) and bf16_from_timings(1.0, 1.0) and bf16_from_timings(1.0, 1.1)
+    assert not bf16_from_timings(1.0, BF16_SLOWER_LIMIT) and not bf16_from_timings(1.0, 2.0)

@@ -128,7 +128,7 @@ class TrainingConfig(Section):
     warmup_ratio: float = Field(0.05, ge=0, lt=1)
     valid_users: int = Field(200, ge=1)  # validation sample for NDCG@10 each epoch
     patience: int = Field(2, ge=1)  # early stopping (epochs without improvement)
-    # bfloat16 autocast: auto = where the CPU has AVX512-BF16/AMX and a measured step is faster
+    # bfloat16 autocast: auto = where the CPU has AVX512-BF16/AMX, unless a measured step is clearly slower (train.py)
     bf16: bool | Literal["auto"] = "auto"
     seeds: tuple[int, ...] = (0,)
     max_steps: int | None = None  # cap on optimizer steps (same for every method)
