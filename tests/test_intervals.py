@@ -110,10 +110,13 @@ def test_verdicts_say_what_the_intervals_decide():
             e.per_seed[seed] = {m: np.clip(base + shift, 0, 1) for m in metrics}
         return e
 
-    entries = {"none": entry("none", 0.0), "ahead": entry("ahead", 0.3), "behind": entry("behind", -0.3),
-               "level": entry("level", 0.0)}
-    said = {v.split(" vs ")[0]: v for v in verdicts(comparison_table(entries, 300, 0)) if " vs none:" in v}
+    entries = {"none": entry("none", 0.0), "als": entry("als", 0.1), "ahead": entry("ahead", 0.3),
+               "behind": entry("behind", -0.3), "level": entry("level", 0.0)}
+    lines = verdicts(comparison_table(entries, 300, 0))
+    said = {v.split(" vs ")[0]: v for v in lines if " vs none:" in v}
     assert said["ahead"].endswith("ahead is ahead") and said["behind"].endswith("behind is behind")
     assert said["level"].endswith("undecided (the interval holds 0)")
-    assert set(said) == {"ahead", "behind", "level"}  # no row is compared with itself
+    # no row is compared with itself; none vs ALS is said on none's row, so als's row does not say it again
+    assert set(said) == {"ahead", "behind", "level"}
+    assert len([v for v in lines if v.startswith(("none vs ALS", "als vs none"))]) == 1
     assert n10 in comparison_table(entries, 50, 0).columns

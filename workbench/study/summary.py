@@ -52,16 +52,19 @@ REFERENCE_NAMES = {"none": "none", "als": "ALS", "sasrec": "SASRec"}
 def verdicts(table) -> list[str]:
     """Each comparison of the table in words: which side its 95% interval puts ahead, or that it decides
     nothing (the interval holds 0: the difference is inside seed and user noise). A variant row
-    (`method/shuffled`, `method/zeroed`) is read against its method's own signal."""
-    out = []
+    (`method/shuffled`, `method/zeroed`) is read against its method's own signal; a pair the table holds both
+    ways (ALS vs SASRec, SASRec vs ALS) is said once."""
+    out, said = [], set()
     for _, r in table.iterrows():
         r = r.to_dict()
         name = r["method"]
         for tag in ("own", "none", "als", "sasrec"):
             key = f"vs_{tag}/{N10}"
             d = r.get(key)
-            if d is None or (isinstance(d, float) and math.isnan(d)):
+            pair = frozenset((name, name.split("/")[0] if tag == "own" else tag))
+            if d is None or (isinstance(d, float) and math.isnan(d)) or pair in said:
                 continue
+            said.add(pair)
             ref = f"{name.split('/')[0]} with its own signal" if tag == "own" else REFERENCE_NAMES[tag]
             lo, hi = r[key + "_lo"], r[key + "_hi"]
             if lo > 0:
