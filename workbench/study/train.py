@@ -15,8 +15,8 @@ full-vocabulary log-probs, so that is what the model is trained for.
 For `soft_token` the `<|user|>` row of the input embeddings is replaced by `projector(user_vector)`
 and the projector trains end to end with the backbone. AdamW with linear warm-up and cosine decay
 over all steps; bfloat16 autocast where the CPU has bf16 instructions unless a measured step is clearly
-slower (`bf16: auto`, `BF16_SLOWER_LIMIT`). After each epoch a validation sample is ranked by constrained beam search *through
-the torch engine* (the same path as the final evaluation); the epoch with the best validation
+slower (`bf16: auto`, `BF16_SLOWER_LIMIT`). After each epoch a validation sample is ranked by constrained
+beam search *through the torch engine* (the same path as the final evaluation); the epoch with the best validation
 NDCG@10 is kept, training stops after `patience` epochs without improvement. Logged per epoch:
 loss, validation NDCG@10 / Recall@10, training FLOPs so far (`flops.py`), tokens/s.
 
@@ -232,8 +232,8 @@ def _sum_grads(params) -> None:
 # `bf16: auto` keeps float32 only when a bfloat16 step measures this much slower. Not "whichever is faster": on an
 # AVX512-BF16 CPU the two timed steps of the quickstart's small models were within a few percent, and the choice
 # flipped between reruns of one code (soft_token's test N@10 0.0659 -> 0.0789 in one, none's 0.0862 -> 0.0806 in
-# another), so a run was not reproducible on its own machine. With the margin the choice is the CPU's (bf16 instructions or not) unless
-# bfloat16 is clearly slower.
+# another), so a run was not reproducible on its own machine. With the margin the choice is the CPU's (bf16
+# instructions or not) unless bfloat16 is clearly slower.
 BF16_SLOWER_LIMIT = 1.2
 
 
