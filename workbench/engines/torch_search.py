@@ -156,15 +156,14 @@ def constraint_mask(trie, prefixes, vocab_size: int, device, banned_counts=None)
     return m.to(device)
 
 
-def select_beams(tokens, cum, logp, beam_width: int, allowed=None) -> Selection | None:
+def select_beams(tokens, cum, logp, beam_width: int) -> Selection | None:
     """Top `beam_width` (beam, token) continuations by cum + log-prob; None when none is finite.
 
-    `tokens` [B, s] (None before the first token), `cum` [B], `logp` [B, vocab], `allowed` [B, vocab] bool.
+    `tokens` [B, s] (None before the first token), `cum` [B], `logp` [B, vocab] with the tokens a constraint
+    forbids already at -inf (`TorchEngine._allowed_logp`).
     """
     import torch
 
-    if allowed is not None:
-        logp = logp.masked_fill(~allowed, float("-inf"))
     cand = (cum[:, None] + logp).flatten()  # [B * vocab]
     top, idx = torch.topk(cand, min(beam_width, cand.numel()))
     keep = torch.isfinite(top)
