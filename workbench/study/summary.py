@@ -46,9 +46,6 @@ def markdown_table(table) -> str:
     return "\n".join(lines)
 
 
-REFERENCE_NAMES = {"none": "none", "als": "ALS", "sasrec": "SASRec"}
-
-
 def verdicts(table) -> list[str]:
     """Each comparison of the table in words: which side its 95% interval puts ahead, or that it decides
     nothing (the interval holds 0: the difference is inside seed and user noise). A variant row
@@ -65,7 +62,8 @@ def verdicts(table) -> list[str]:
             if d is None or (isinstance(d, float) and math.isnan(d)) or pair in said:
                 continue
             said.add(pair)
-            ref = f"{name.split('/')[0]} with its own signal" if tag == "own" else REFERENCE_NAMES[tag]
+            ref = (f"{name.split('/')[0]} with its own signal" if tag == "own"
+                   else LABELS.get(tag, tag).removesuffix(" (baseline)"))  # the table's names: ALS, SASRec
             lo, hi = r[key + "_lo"], r[key + "_hi"]
             if lo > 0:
                 word = f"{name} is ahead"
