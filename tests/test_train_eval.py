@@ -172,6 +172,29 @@ def test_sasrec_learns_planted_structure():
     assert res.best_valid_ndcg10 > 0.3 and r10 > 0.5
 
 
+
+def test_sasrec_resumes_after_an_interrupt_exactly(tmp_path, one_torch_thread):
+    """Stopped in its second epoch (a KeyboardInterrupt, as a SIGTERM becomes one), SASRec goes on from the
+    state saved after its first and ends with the uninterrupted run's weights, history and best epoch."""
+    import torch
+
+    data, *_ = synthetic()
+    st = SasrecSettings(max_len=8, hidden=32, epochs=3, patience=3, lr=5e-3, progress=False)
+    full = train_sasrec(data.train, data.valid, data.n_items, st)
+
+    def stop_in_epoch_2(metrics, epoch):
+        if epoch == 1:  # trained, not yet saved: redone after the resume
+            raise KeyboardInterrupt
+
+    state = tmp_path / "resume.pt"
+    with pytest.raises(KeyboardInterrupt):
+        train_sasrec(data.train, data.valid, data.n_items, st, log_fn=stop_in_epoch_2, resume_file=state)
+    assert torch.load(state, weights_only=True)["epochs_done"] == 1
+    resumed = train_sasrec(data.train, data.valid, data.n_items, st, resume_file=state)
+    assert resumed.history == full.history and resumed.best_epoch == full.best_epoch
+    for (name, a), b in zip(full.model.state_dict().items(), resumed.model.state_dict().values()):
+        assert torch.equal(a, b), name
+
 # ---- regressions: training inputs, SASRec windows, evaluation tags -------------------------------
 
 
@@ -306,7 +329,7 @@ def test_training_resumes_after_an_interrupt_exactly(tmp_path, one_torch_thread)
     """Interrupted after epoch 1 (a KeyboardInterrupt, as a SIGTERM becomes one), the same call resumes from
     `resume.pt` and ends with the weights and history of the uninterrupted run: same ops in the same order on
     one thread, so equality is exact."""
-    from workbench.study.train import RESUME_FILE
+    from workbench.cache import RESUME_FILE
 
     full, model_full = _soft_token_training(tmp_path / "full", save_every_s=0)
     epochs_seen = []
@@ -336,7 +359,7 @@ def test_training_resumes_inside_an_epoch_exactly(tmp_path, one_torch_thread, mo
     full, model_full = _soft_token_training(tmp_path / "full", save_every_s=0)
     per_epoch = full.steps // 3
     assert per_epoch >= 4, "the test needs a few batches per epoch"
-    real_save, calls, kept = train_mod._save_resume, {"backward": 0}, []
+    real_save, calls, kept = train_mod.save_state, {"backward": 0}, []
 
     def save_first_mid_of_epoch(path, state):
         mid = state["mid"]
@@ -354,7 +377,7 @@ def test_training_resumes_inside_an_epoch_exactly(tmp_path, one_torch_thread, mo
             raise KeyboardInterrupt
         return real_backward(self, *a, **k)
 
-    monkeypatch.setattr(train_mod, "_save_resume", save_first_mid_of_epoch)
+    monkeypatch.setattr(train_mod, "save_state", save_first_mid_of_epoch)
     monkeypatch.setattr(train_mod._Step, "backward", killed_later)
     with pytest.raises(KeyboardInterrupt):
         _soft_token_training(tmp_path / "cut", save_every_s=1e-9)  # a save after every batch

@@ -13,6 +13,10 @@ miss prints one line, so a log says what was reused.
 JSON-able `info` dict (stats, timings) that is stored in `done.json`; `load(folder, info) ->
 value` rebuilds the value on a hit. A `load` that raises (files deleted by hand) is treated like a
 miss.
+
+A long compute (training) passes `resumable=True` and keeps its progress in the entry's folder with
+`save_state` / `load_state` (`RESUME_FILE`): an interrupted entry is then kept, and the next attempt
+goes on from the last save instead of starting over.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from workbench.paths import cache_dir
 
 T = TypeVar("T")
 DONE = "done.json"
+RESUME_FILE = "resume.pt"  # a resumable compute's state at its last save (removed once the entry is complete)
 
 
 def read_done(folder: Path) -> dict | None:
@@ -106,3 +111,25 @@ def _stored_by_rank0(folder: Path, load) -> tuple[Any, dict]:
         raise RuntimeError(f"{folder}: rank 0 stored this cache entry, but this rank does not see it; every rank "
                            f"needs the same WORKBENCH_DATA_DIR (one shared folder across hosts)")
     return load(folder, info), info
+
+
+def save_state(path: Path, state: dict) -> None:
+    """Save a resumable compute's state atomically (temp file + rename): a signal mid-write leaves the
+    previous save intact."""
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
+def load_state(path: Path) -> dict | None:
+    """The state `save_state` wrote, or None when there is none."""
+    import torch
+
+    if not path.exists():
+        return None
+    # tensors and plain containers only (no pickled code); onto the CPU: an RNG state must be a CPU tensor
+    # there, and a GPU rank's weights are copied to its own device by load_state_dict
+    return torch.load(path, weights_only=True, map_location="cpu")

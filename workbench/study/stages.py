@@ -26,7 +26,7 @@ import numpy as np
 
 from workbench import names
 from workbench.config import section_hash, settings_from
-from workbench.cache import cached, read_done
+from workbench.cache import RESUME_FILE, cached, read_done
 from workbench.paths import cache_dir
 
 CACHE_FORMAT = 3  # 3: full-sequence windows (older caches are stale)
@@ -264,12 +264,14 @@ def sasrec(cfg, inp: StudyInputs, seed: int, log_fn=None):
 
         def compute(folder: Path, st=st):
             d = inp.interactions
-            res = train_sasrec(d.train, d.valid, d.n_items, st, log_fn=log_fn)
+            res = train_sasrec(d.train, d.valid, d.n_items, st, log_fn=log_fn, resume_file=folder / RESUME_FILE)
             torch.save(res.model.state_dict(), folder / "model.pt")
+            (folder / RESUME_FILE).unlink(missing_ok=True)  # model.pt holds what matters now
             return res.model, {"best_epoch": res.best_epoch, "best_valid_ndcg10": res.best_valid_ndcg10,
                                "wall_s": res.wall_s, "history": res.history, "lr": lr}
 
-        model, info, _ = cached("sasrec", key, compute, load, _say)
+        # resumable: a stopped SASRec goes on after its last finished epoch
+        model, info, _ = cached("sasrec", key, compute, load, _say, resumable=True)
         if best is None or info["best_valid_ndcg10"] > best[2]["best_valid_ndcg10"]:
             best = (model, st, info)
     return best

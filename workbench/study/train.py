@@ -48,6 +48,7 @@ from typing import Callable
 import numpy as np
 
 from workbench import names
+from workbench.cache import RESUME_FILE, load_state, save_state
 
 
 @dataclass
@@ -310,7 +311,7 @@ def train_model(backbone, windows: Callable[[np.random.Generator], object], vali
     warmup = int(st.warmup_ratio * total)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, warmup))
     resume_file = out_dir / RESUME_FILE
-    saved = _load_resume(resume_file)
+    saved = load_state(resume_file)
     if saved is not None:
         use_bf16, bf16_info = saved["use_bf16"], saved["bf16_info"]
     else:  # measured on rank 0 and taken by all: the ranks must compute alike
@@ -392,7 +393,7 @@ def train_model(backbone, windows: Callable[[np.random.Generator], object], vali
             now = time.perf_counter()
             if st.save_every_s and now - last_save >= st.save_every_s and b < len(batches) and main:
                 train_s += now - te  # the training time up to this save counts once, whatever happens next
-                _save_resume(resume_file, state(epoch, {"epoch_rng": epoch_rng, "batches_done": b, "loss_sum": tot,
+                save_state(resume_file, state(epoch, {"epoch_rng": epoch_rng, "batches_done": b, "loss_sum": tot,
                                                         "batches": nb}))
                 te = last_save = time.perf_counter()
         bar.close()
@@ -418,7 +419,7 @@ def train_model(backbone, windows: Callable[[np.random.Generator], object], vali
             bad += 1
         stopped = bad >= st.patience or step >= total
         if main:  # the other ranks hold the same state
-            _save_resume(resume_file, state(epoch + 1))
+            save_state(resume_file, state(epoch + 1))
     model.load_state_dict(best[2])
     if projector is not None:
         projector.load_state_dict(best[3])
@@ -435,29 +436,6 @@ def train_model(backbone, windows: Callable[[np.random.Generator], object], vali
         train_targets=ws.n_targets, train_tokens=tokens, flops=flops, wall_s=time.perf_counter() - t0,
         tokens_per_s=rate, matmul_share=flops / max(train_s, 1e-9) / peak, bf16=use_bf16, history=history,
     )
-
-
-RESUME_FILE = "resume.pt"  # the training state at the last save (removed once the model is saved)
-
-
-def _save_resume(path: Path, state: dict) -> None:
-    """Atomically (temp file + rename): a signal mid-write leaves the previous epoch's state intact."""
-    import torch
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    tmp.replace(path)
-
-
-def _load_resume(path: Path) -> dict | None:
-    import torch
-
-    if not path.exists():
-        return None
-    # tensors and plain containers only (no pickled code); onto the CPU: the RNG state must be a CPU tensor
-    # there, and a GPU rank's weights are copied to its own device by load_state_dict
-    return torch.load(path, weights_only=True, map_location="cpu")
 
 
 def _digest(ws, batches, params) -> str:
