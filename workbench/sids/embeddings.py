@@ -29,6 +29,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Sequence
 
@@ -103,6 +104,14 @@ class AlsModel:
     def factors(self) -> int:
         return self.item_factors.shape[1]
 
+    @cached_property
+    def gram(self) -> np.ndarray:
+        """YᵀY + λI in float64, [f, f]: the part of every fold-in solve that no user changes. Computed once,
+        at the first fold-in (the factors are final by then): training folds in every user's prefixes each
+        epoch, and this [n_items x f] product per user was most of that work."""
+        y = self.item_factors.astype(np.float64)
+        return y.T @ y + self.regularization * np.eye(y.shape[1])
+
     def save(self, path: Path) -> None:
         np.savez(
             path,
@@ -172,7 +181,7 @@ def fold_in_users(
     """
     y = model.item_factors.astype(np.float64)  # [n_items, f]
     f = y.shape[1]
-    base = y.T @ y + model.regularization * np.eye(f)  # [f, f]
+    base = model.gram  # [f, f]
     c = float(model.alpha)
     lists = [np.unique(np.asarray(s, dtype=np.int64)) for s in item_lists]
     if any(len(s) and (s.min() < 0 or s.max() >= len(y)) for s in lists):
@@ -237,7 +246,7 @@ def fold_in_prefixes(model: AlsModel, seq: np.ndarray, cuts: np.ndarray) -> np.n
     alpha = 1, since the (c−1) y yᵀ term vanishes). A repeated item counts at its first occurrence
     only; cut 0 (no history) gives the zero vector.
     """
-    y = model.item_factors.astype(np.float64)  # [n_items, f]
+    y = model.item_factors  # [n_items, f] float32: only the rows of seq are read (in float64)
     seq = np.asarray(seq, dtype=np.int64)
     cuts = np.asarray(cuts, dtype=np.int64)
     if len(seq) and (seq.min() < 0 or seq.max() >= len(y)):
@@ -245,9 +254,9 @@ def fold_in_prefixes(model: AlsModel, seq: np.ndarray, cuts: np.ndarray) -> np.n
     if len(cuts) and (cuts.min() < 0 or cuts.max() > len(seq)):
         raise ValueError(f"cuts must lie in 0..{len(seq)} (the sequence length) in fold_in_prefixes")
     f = y.shape[1]
-    base = y.T @ y + model.regularization * np.eye(f)  # [f, f]
+    base = model.gram  # [f, f]
     c = float(model.alpha)
-    yk = y[seq] * first_occurrences(seq)[:, None]  # [n, f], repeats zeroed
+    yk = y[seq].astype(np.float64) * first_occurrences(seq)[:, None]  # [n, f], repeats zeroed
     sums = np.concatenate([np.zeros((1, f)), np.cumsum(yk, axis=0)])  # [n + 1, f]
     rhs = c * sums[cuts]  # [k, f]
     if c == 1.0:

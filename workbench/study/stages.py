@@ -182,10 +182,16 @@ def child_run(ctx, name: str, tags: dict):
 
 
 def use_threads(cfg) -> None:
+    """`training.num_threads` for torch and for numpy's BLAS alike. The BLAS matters too: the user signal of
+    every training window is folded in with numpy each epoch, and a BLAS left at one thread per core spins
+    on a core another process is training on (seen: one epoch's fold-ins of soft_token on ML-1M took over
+    17 minutes with two study processes per core instead of seconds)."""
     if cfg.training.num_threads:
         import torch
+        from threadpoolctl import threadpool_limits
 
         torch.set_num_threads(int(cfg.training.num_threads))
+        threadpool_limits(int(cfg.training.num_threads), user_api="blas")  # for the rest of the process
 
 
 def train_stage(ctx) -> dict:
