@@ -175,3 +175,22 @@ def test_windowed_loss_equals_per_example_loss(method):
                 per_ex.append(F.cross_entropy(lg[0], torch.tensor(sid), reduction="none"))
     per_ex = torch.cat(per_ex)
     assert len(per_ex) == len(win) and (win - per_ex).abs().max().item() < 1e-5
+
+
+def test_training_threads_bound_numpys_blas_too():
+    """`training.num_threads` limits numpy's BLAS as well as torch: the user signal of every training window is
+    folded in with numpy each epoch, and a BLAS thread per core spinning beside another study process made one
+    epoch's fold-ins ~30x slower."""
+    import torch
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from workbench.config import load_study
+    from workbench.study.stages import use_threads
+
+    cfg = load_study("experiments/quickstart.yaml", {"training": {"num_threads": 1}})
+    before = torch.get_num_threads()
+    with threadpool_limits(2, "blas"):  # restored on exit, whatever use_threads set inside
+        use_threads(cfg)
+        blas = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+        assert blas and all(n == 1 for n in blas), blas
+    torch.set_num_threads(before)
