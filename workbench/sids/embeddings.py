@@ -106,9 +106,10 @@ class AlsModel:
 
     @cached_property
     def gram(self) -> np.ndarray:
-        """YᵀY + λI in float64, [f, f]: the part of every fold-in solve that no user changes. Computed once,
-        at the first fold-in (the factors are final by then): training folds in every user's prefixes each
-        epoch, and this [n_items x f] product per user was most of that work."""
+        """YᵀY + λI in float64, [f, f]: the part of every fold-in solve that no user changes. Computed once, at
+        the first fold-in: training folds in every user's prefixes each epoch, and this [n_items x f] product
+        per user was most of that work. So the item factors are never edited in place after a fold-in: a
+        changed model is a new AlsModel (as in `_fit_without`)."""
         y = self.item_factors.astype(np.float64)
         return y.T @ y + self.regularization * np.eye(y.shape[1])
 
@@ -377,8 +378,11 @@ def _fit_without(
     raw = fit_als(seqs, n_items, show_progress=False, **als_kwargs)
     fitted = np.zeros(n_items, dtype=bool)
     fitted[np.concatenate([empty, *seqs])] = True
-    # an item no training user touched keeps its random init: noise, so it contributes nothing instead
-    raw.item_factors[~fitted] = 0.0
+    # an item no training user touched keeps its random init: noise, so it contributes nothing instead; a new
+    # model, not an in-place edit: `fit_als` already folded in against these factors, so `raw.gram` is theirs
+    y = raw.item_factors.copy()
+    y[~fitted] = 0.0
+    raw = AlsModel(raw.user_factors, y, raw.regularization, raw.alpha)
     raw.user_factors = fold_in_users(raw, seqs)  # exact again against the zeroed factors
     return raw, np.array([len(s) > 0 for s in seqs]), fitted
 
