@@ -172,7 +172,6 @@ def test_sasrec_learns_planted_structure():
     assert res.best_valid_ndcg10 > 0.3 and r10 > 0.5
 
 
-
 def test_sasrec_resumes_after_an_interrupt_exactly(tmp_path, one_torch_thread):
     """Stopped in its second epoch (a KeyboardInterrupt, as a SIGTERM becomes one), SASRec goes on from the
     state saved after its first and ends with the uninterrupted run's weights, history and best epoch."""
@@ -194,6 +193,7 @@ def test_sasrec_resumes_after_an_interrupt_exactly(tmp_path, one_torch_thread):
     assert resumed.history == full.history and resumed.best_epoch == full.best_epoch
     for (name, a), b in zip(full.model.state_dict().items(), resumed.model.state_dict().values()):
         assert torch.equal(a, b), name
+
 
 # ---- regressions: training inputs, SASRec windows, evaluation tags -------------------------------
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -187,10 +189,12 @@ def test_training_threads_bound_numpys_blas_too():
     from workbench.config import load_study
     from workbench.study.stages import use_threads
 
-    cfg = load_study("experiments/quickstart.yaml", {"training": {"num_threads": 1}})
+    cfg = load_study(Path(__file__).parents[1] / "experiments/quickstart.yaml", {"training": {"num_threads": 1}})
     before = torch.get_num_threads()
-    with threadpool_limits(2, "blas"):  # restored on exit, whatever use_threads set inside
-        use_threads(cfg)
-        blas = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
-        assert blas and all(n == 1 for n in blas), blas
-    torch.set_num_threads(before)
+    try:
+        with threadpool_limits(2, "blas"):  # restored on exit, whatever use_threads set inside
+            use_threads(cfg)
+            blas = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+            assert blas and all(n == 1 for n in blas), blas
+    finally:
+        torch.set_num_threads(before)
