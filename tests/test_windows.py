@@ -80,21 +80,23 @@ def test_every_method_trains_on_the_same_targets_and_each_view_is_its_eval_promp
         seq = train[w.user]
         assert len(w.items) - 1 <= ctx and w.items.tolist() == seq[w.start : w.start + len(w.items)].tolist()
         assert len(w.loss_tok) == depth * (len(w.items) - 1)
-        assert w.loss_tok == [t for it in w.items[1:] for t in SIDS[it].tolist()]
+        assert w.loss_tok.tolist() == [t for it in w.items[1:] for t in SIDS[it].tolist()]
         # the last target's view is exactly the evaluation prompt of its history (the window's items)
         hist = seq[w.start : w.start + len(w.items) - 1]
+        ids = w.ids.tolist()
         signal = None
         if method == "user_sid":
-            signal = w.ids[1:3]
+            signal = ids[1:3]
         want = b.build(hist, signal)[0]
         if method == "text_history":
-            first_block = w.blocks.index(len(w.items) - 1)
-            shared = [t for t, blk in zip(w.ids[:first_block], w.blocks[:first_block]) if blk == -1]
-            view = shared + [w.ids[first_block]]
-            pos = [p for p, blk in zip(w.positions[:first_block], w.blocks[:first_block]) if blk == -1]
-            assert pos + [w.positions[first_block]] == list(range(len(view)))  # positions as in the prompt
+            blocks, positions = w.blocks.tolist(), w.positions.tolist()
+            first_block = blocks.index(len(w.items) - 1)
+            shared = [t for t, blk in zip(ids[:first_block], blocks[:first_block]) if blk == -1]
+            view = shared + [ids[first_block]]
+            pos = [p for p, blk in zip(positions[:first_block], blocks[:first_block]) if blk == -1]
+            assert pos + [positions[first_block]] == list(range(len(view)))  # positions as in the prompt
         else:
-            view = w.ids[: len(w.ids) - depth]
+            view = ids[: len(ids) - depth]
         assert view == want, (method, w.user, w.start)
 
 
@@ -168,7 +170,7 @@ def test_windowed_loss_equals_per_example_loss(method):
         for w in ws.windows:
             seq = train[w.user]
             for j, it in enumerate(w.items[1:], 1):
-                prompt, p = b.build(seq[w.start : w.start + j], w.ids[1:3] if method == "user_sid" else None)
+                prompt, p = b.build(seq[w.start : w.start + j], w.ids[1:3].tolist() if method == "user_sid" else None)
                 sid = SIDS[it].tolist()
                 x = torch.tensor([prompt + sid[:-1]])
                 tpos = torch.tensor([list(range(len(prompt) - 1, len(prompt) - 1 + depth))])
