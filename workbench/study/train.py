@@ -236,6 +236,10 @@ def _sum_grads(params) -> None:
 # another), so a run was not reproducible on its own machine. With the margin the choice is the CPU's (bf16
 # instructions or not) unless bfloat16 is clearly slower.
 BF16_SLOWER_LIMIT = 1.2
+# Steps timed per dtype, alternating; the fastest of each is compared. Two were not enough on a busy hour of a
+# shared 2-core VM: a fresh clone's quickstart measured user_sid's bf16 step at 1.34x float32 (both minima of two)
+# and trained it in float32, where the run before on the same code and machine had chosen bf16.
+BF16_TIMED_STEPS = 4
 
 
 def choose_bf16(setting, step: _Step, ws, idx) -> tuple[bool, dict]:
@@ -249,7 +253,7 @@ def choose_bf16(setting, step: _Step, ws, idx) -> tuple[bool, dict]:
     if not has_bf16_instructions():
         return False, {"bf16_setting": "auto", "bf16_reason": "no AVX512-BF16/AMX on this CPU"}
     times = {}
-    for bf16 in (False, True, False, True):
+    for bf16 in (False, True) * BF16_TIMED_STEPS:
         t0 = time.perf_counter()
         loss = step.loss(ws, idx, bf16)[0]
         loss.backward()
