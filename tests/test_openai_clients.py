@@ -245,3 +245,15 @@ def test_vllm_bench_serve(served, checkpoint, tmp_path):
     # one 200 per benchmark request (its ready-check request is off: --ready-check-timeout-sec defaults to 0)
     assert log.count('"POST /v1/completions HTTP/1.1" 200') == BENCH_REQUESTS, log[-2000:]
     assert '"POST /v1/completions HTTP/1.1" 4' not in log and "Traceback" not in log, log[-2000:]
+
+
+def test_server_runs_with_malloc_hugepages(served):
+    """`workbench serve` re-executes itself with glibc.malloc.hugetlb=1 where it can act (workbench/malloc.py)."""
+    from workbench import malloc
+
+    ok, why = malloc.supported()
+    if not ok:
+        pytest.skip(f"malloc huge pages cannot act here: {why}")
+    pid = served[1].process.pid
+    env = dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0") if "=" in kv)
+    assert malloc.SETTING in env.get("GLIBC_TUNABLES", "").split(":"), env.get("GLIBC_TUNABLES")

@@ -196,6 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the console command (not a call from Python): large tensors on huge pages (malloc.py)
+        from workbench.malloc import reexec_with_hugepages
+
+        reexec_with_hugepages()
     argv = sys.argv[1:] if argv is None else list(argv)
     head = argv[1:] if argv[:1] == ["--debug"] else argv
     if head[:1] == ["microbench"]:  # forwards its own flags (argparse REMAINDER misses leading --flags)

@@ -147,8 +147,10 @@ def hardware() -> dict[str, Any]:
     """The machine a run measured on: CPU model and the instruction sets that matter (hardware.cpu_info)."""
     from workbench.hardware import cpu_info
 
+    from workbench import malloc
+
     info: dict[str, Any] = {"machine": platform.machine(), "cpus": os.cpu_count(), "system": platform.system(),
-                            **cpu_info()}
+                            **cpu_info(), "malloc_hugepages": malloc.active()}
     try:
         mem = Path("/proc/meminfo").read_text().split()[1]
         info["mem_gib"] = round(int(mem) / 2**20, 1)

@@ -131,7 +131,10 @@ def main(argv=None) -> int:
     from workbench.hardware import cpu_info, resolve_dtype
 
     cpu = cpu_info()
-    cpu_line = f"{cpu['cpu_model']} ({cpu['cpu_flags'] or 'no AVX-512'})"
+    from workbench import malloc
+
+    cpu_line = (f"{cpu['cpu_model']} ({cpu['cpu_flags'] or 'no AVX-512'}); malloc huge pages "
+                f"{'on' if malloc.active() else 'off'}")
     options = torch_options.from_args(args)
     if args.floor:
         from workbench.perf.floorbench import run_floor
