@@ -142,8 +142,9 @@ class TorchEngine:
         here (torch_fused.py; eager with a warning where compiling fails).
         `quantize="int8"`: dynamic int8 layer GEMMs, float32 only (torch_int8.py).
         Both are off by default; either one names the engine apart (`variant_name`).
-        `gemm`: the float32 layer GEMMs' library: "auto" (oneDNN where it measures clearly faster than
-        F.linear at load, torch_onednn.py; the choice is `self.lm.gemm`, why `self.lm.gemm_why`), "default", "onednn"."""
+        `gemm`: the layer GEMMs' library: "auto" (packed oneDNN where it is faster than F.linear: float32 where it
+        measures clearly faster at load, bfloat16 wherever oneDNN has the kernel; torch_onednn.py; the choice is
+        `self.lm.gemm`, why `self.lm.gemm_why`), "default", "onednn"."""
         torch = _import_torch()
         from workbench.model.checkpoint import LoadedCheckpoint, load_checkpoint
         from workbench.engines.torch_model import FastLM, check_options

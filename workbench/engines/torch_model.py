@@ -25,8 +25,10 @@ Two opt-in variants, both off by default (the default forward is the plain eager
 - `quantize="int8"`: the layer GEMMs (qkv, o, gate_up, down) run PyTorch's dynamic int8 kernel
   (torch_int8.py); embeddings, norms, attention and the lm_head stay in float32.
 
-One choice made per machine (`gemm="auto"`, the default): the float32 layer GEMMs run on oneDNN where it
-measures clearly faster than `F.linear` at load (2.2-2.6x on an AMD EPYC Zen 5; torch_onednn.py).
+One choice made per machine (`gemm="auto"`, the default): the layer GEMMs run on oneDNN with their weights
+packed once, in float32 where it measures clearly faster than `F.linear` at load (2.2-2.6x on an AMD EPYC
+Zen 5), in bfloat16 wherever oneDNN has a bfloat16 kernel (the same results as `F.linear`, 1.45x faster at a
+beam-30 decode step there; torch_onednn.py).
 """
 
 from __future__ import annotations
@@ -128,25 +130,30 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, block: int =
     Why not SDPA on CPU: its kernel ran this shape at ~45 GFLOP/s in both dtypes (prompt 512: 5.6 ms per layer
     float32, 5.9 bfloat16 on one AMD EPYC core), 2.5-10x under the matmul rate. Here each block of `block` query
     rows is two batched GEMMs over the keys up to its last row (no work above the diagonal beyond one
-    block) and a float32 softmax: 3.7-4.3 ms float32, 2.0-2.7 ms bfloat16 on the same core. Numerics: float32
-    as SDPA (max |diff| to a float64 reference 5e-6 both); in bfloat16 the scores are stored in bfloat16
-    before the float32 softmax (CPU GEMMs have no float32 output for bfloat16 inputs), as in `transformers`'
-    eager attention, ~5x SDPA's RMS error; numerics.py counts that rounding.
+    block), the scale applied in the first GEMM (`alpha`), and a softmax: 3.7-4.6 ms float32, 2.6 bfloat16
+    on the same core (4.0 before the scale moved into the GEMM and the bfloat16 softmax stopped going through a
+    float32 copy, 2026-12-02). Numerics: float32 as SDPA (max |diff| to a float64 reference 1e-6 both); in
+    bfloat16 the scores are stored in bfloat16 (CPU GEMMs have no float32 output for bfloat16 inputs), as in
+    `transformers`' eager attention, ~5x SDPA's RMS error; numerics.py counts that rounding. The softmax
+    computes in float32 for bfloat16 input (PyTorch's CPU kernel converts; its output equals softmax in
+    float32 then one rounding, bit for bit: tests/test_engine_parity.py).
     """
     H, L, D = q.shape
     Hkv = k.shape[0]
     g = H // Hkv
     qg = q.reshape(Hkv, g, L, D)
+    kt = k.transpose(-1, -2)
     out = q.new_empty(Hkv, g, L, D)
-    acc = torch.promote_types(q.dtype, torch.float32)  # softmax in float32 (float64 stays float64)
+    above = torch.ones(block, block, dtype=torch.bool, device=q.device).triu_(1)
+    none = q.new_empty(())  # baddbmm's input, ignored with beta=0
     for i0 in range(0, L, block):
         i1 = min(L, i0 + block)
         n = i1 - i0
-        s = torch.matmul(qg[:, :, i0:i1].reshape(Hkv, g * n, D), k[:, :i1].transpose(-1, -2))
-        s = s.to(acc).mul_(scale).view(Hkv, g, n, i1)
-        s[..., i0:].masked_fill_(torch.ones(n, n, dtype=torch.bool, device=q.device).triu_(1), float("-inf"))
-        p = torch.softmax(s, dim=-1).to(q.dtype).view(Hkv, g * n, i1)
-        out[:, :, i0:i1] = torch.matmul(p, v[:, :i1]).view(Hkv, g, n, D)
+        s = torch.baddbmm(none, qg[:, :, i0:i1].reshape(Hkv, g * n, D), kt[:, :, :i1], beta=0, alpha=scale)
+        s = s.view(Hkv, g, n, i1)
+        s[..., i0:].masked_fill_(above[:n, :n], float("-inf"))
+        p = torch.softmax(s, dim=-1).view(Hkv, g * n, i1)
+        out[:, :, i0:i1] = torch.bmm(p, v[:, :i1]).view(Hkv, g, n, D)
     return out
 
 
@@ -221,7 +228,7 @@ class SharedSegment:
     past_len: Tensor
     # filled by the forward: per layer (k, v) [R, S, Hkv, Tpast + Lq, D] = past + the new tokens
     own_kv: list[tuple[Tensor, Tensor]] = field(default_factory=list)
-    _mask: Tensor | None = None
+    _mask: Tensor | bool | None = None  # the forward's key mask, built once per forward; False: nothing masked
 
     @property
     def n_rows(self) -> int:
@@ -261,8 +268,8 @@ class FastLM:
                  batch_invariant: bool = False, compile: bool = False, quantize: str | None = None,
                  gemm: str = "auto"):
         """`compile`: fused elementwise kernels (torch_fused.py; eager with a warning where compiling fails);
-        `quantize="int8"`: dynamic int8 layer GEMMs (torch_int8.py); `gemm`: the float32 layer GEMMs' library,
-        "auto" (oneDNN where it measures faster at load, torch_onednn.py), "default" (F.linear) or "onednn".
+        `quantize="int8"`: dynamic int8 layer GEMMs (torch_int8.py); `gemm`: the layer GEMMs' library,
+        "auto" (packed oneDNN where it is faster, torch_onednn.py), "default" (F.linear) or "onednn".
         See the module docstring."""
         cfg = hf_model.config
         self.batch_invariant = batch_invariant
@@ -474,15 +481,19 @@ class FastLM:
         ok = own_k.permute(0, 2, 1, 3, 4)  # [R, Hkv, S, T, D]
         ov = own_v.permute(0, 2, 1, 3, 4)
         s2 = torch.matmul(qg.view(R, Hkv, S, g * Lq, D), ok.transpose(-1, -2))  # [R, Hkv, S, g Lq, T]
-        s = torch.cat([s1, s2], dim=-1).float() * self.scale
+        s = torch.cat([s1, s2], dim=-1).to(torch.promote_types(q.dtype, torch.float32)).mul_(self.scale)
         if seg._mask is None:
             dev = q.device
             kp_ok = torch.arange(pmax, device=dev)[None, :] < seg.prompt_len[:, None]  # [R, Pmax]
             lim = seg.past_len[:, None] + torch.arange(Lq, device=dev)[None, :]  # [R, Lq]
             own_ok = torch.arange(T, device=dev)[None, None, :] <= lim[:, :, None]  # [R, Lq, T]
             m = torch.cat([kp_ok[:, None, :].expand(R, Lq, pmax), own_ok], dim=-1)  # [R, Lq, Pmax+T]
-            seg._mask = m[:, None, None, None]  # [R, 1, 1, 1, Lq, Pmax+T]
-        s = s.view(R, Hkv, S, g, Lq, pmax + T).masked_fill(~seg._mask, float("-inf"))
+            # [R, 1, 1, 1, Lq, Pmax+T], or False where every key is visible (a decode step of equal-length prompts:
+            # the masking pass would change nothing, and cost ~0.1 ms per layer at beam 30, prompt 512)
+            seg._mask = False if bool(m.all()) else m[:, None, None, None]
+        s = s.view(R, Hkv, S, g, Lq, pmax + T)
+        if seg._mask is not False:
+            s.masked_fill_(~seg._mask, float("-inf"))
         p = torch.softmax(s, dim=-1).to(q.dtype)
         p1 = p[..., :pmax].reshape(R, Hkv, S * g * Lq, pmax)
         p2 = p[..., pmax:].reshape(R, Hkv, S, g * Lq, T)

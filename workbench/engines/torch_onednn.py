@@ -1,18 +1,24 @@
-"""float32 layer GEMMs on oneDNN where that is faster than PyTorch's default float32 GEMM on this CPU.
+"""The layer GEMMs on oneDNN with weights packed once, where that is faster than PyTorch's default GEMM on this CPU.
 
-Why: PyTorch's x86 builds run a float32 `F.linear` on MKL, and MKL's fastest (AVX-512) kernels are not
-what it picks on every CPU. On a 2-core AMD EPYC Zen 5 (`lscpu` CPU family 26, full-width AVX-512, torch
+float32. Why: PyTorch's x86 builds run a float32 `F.linear` on MKL, and MKL's fastest (AVX-512) kernels are
+not what it picks on every CPU. On a 2-core AMD EPYC Zen 5 (`lscpu` CPU family 26, full-width AVX-512, torch
 2.13, one thread, 2026-12-01) the engine's float32 shapes ran at 101-119 GFLOP/s through `F.linear`
 and at 253-278 GFLOP/s through oneDNN (PyTorch's other CPU GEMM library, the one vLLM-CPU uses) with
-the weight packed once: 512x512x3072, 512x1536x512, 30x512x3072, 30x1536x512, 1024^3. bfloat16 GEMMs go
-through oneDNN already, so this is a float32 matter. Which library wins depends on the CPU, so `choose`
-times both at the model's own shape once, at load, and keeps oneDNN only where it is clearly faster;
-`gemm="onednn"` / `gemm="default"` force a side (the tests run both).
-
+the weight packed once: 512x512x3072, 512x1536x512, 30x512x3072, 30x1536x512, 1024^3. Which library wins
+depends on the CPU, so `choose` times both at the model's own shape once, at load, and keeps oneDNN only
+where it is clearly faster; `gemm="onednn"` / `gemm="default"` force a side (the tests run both).
 Numerics: both are float32 GEMMs with float32 accumulation; they differ only in summation order (max
 |diff| to a float64 product of unit normals over 512 terms: ~1e-4 oneDNN, ~5e-5 MKL), well inside the
-float32 bound the parity tests derive (workbench/engines/numerics.py). The lm_head stays on `F.linear`
-(<1% of a request's FLOPs; it may be tied to the embedding).
+float32 bound the parity tests derive (workbench/engines/numerics.py).
+
+bfloat16. `F.linear` runs on oneDNN already, but re-lays out the weight into oneDNN's blocked format on
+every call; packed once, the same kernel skips that. Same CPU, 2026-12-02, the 25m model's four layer
+GEMMs x 8 layers cycled (so weights come from memory, as in a forward): 1.45x faster at 30 rows (a beam-30
+decode step: 8.8 -> 6.0 ms), 1.1x at 120, 1.06x at 512 rows, and 2-3x at 1-4 rows; the results are equal
+to `F.linear`'s bit for bit (tests/test_torch_variants.py), so `auto` packs them wherever oneDNN has a
+bfloat16 kernel for this CPU, with no timing to decide.
+
+The lm_head stays on `F.linear` (<1% of a request's FLOPs; it may be tied to the embedding).
 """
 
 from __future__ import annotations
@@ -33,14 +39,24 @@ def available() -> bool:
     return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+def bf16_supported() -> bool:
+    """oneDNN has a bfloat16 GEMM kernel for this CPU (AVX-512 and up; not on AVX2-only CPUs)."""
+    return available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 class OneDNNLinear:
-    """x @ w.T + b with `w` [out, in] float32 packed once for oneDNN."""
+    """x @ w.T + b with `w` [out, in] (float32 or bfloat16, kept in its dtype) packed once for oneDNN."""
 
     def __init__(self, w: Tensor, b: Tensor | None = None):
-        w = w.detach().float().contiguous()
+        if w.dtype not in DTYPES:
+            raise ValueError(f"oneDNN packed GEMMs take {DTYPES}, not {w.dtype}")
+        w = w.detach().contiguous()
         self.shape = tuple(w.shape)
         self.packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS)
-        self.bias = None if b is None else b.detach().float().contiguous()
+        self.bias = None if b is None else b.detach().to(w.dtype).contiguous()
 
     def __call__(self, x: Tensor) -> Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
@@ -76,22 +92,26 @@ def _speedup_at(out_features: int, in_features: int, threads: int) -> float:
 
 
 def choose(mode: str, w: Tensor, device: torch.device, dtype: torch.dtype) -> tuple[str, str]:
-    """("onednn" | "default", why) for `mode` on this model's float32 GEMM weight `w` (the largest layer GEMM)."""
+    """("onednn" | "default", why) for `mode` on this model's GEMM weight `w` (the largest layer GEMM) in `dtype`."""
     if mode not in GEMM_MODES:
         raise ValueError(f"gemm={mode!r}: expected one of {GEMM_MODES}")
     if mode == "default":
         return "default", "asked for"
-    if device.type != "cpu" or dtype != torch.float32:
-        why = "oneDNN float32 GEMMs are a CPU float32 option"
+    why = None
+    if device.type != "cpu" or dtype not in DTYPES:
+        why = "packed oneDNN GEMMs are a CPU float32 / bfloat16 option"
+    elif not available():
+        why = "this PyTorch build has no oneDNN linear kernel"
+    elif dtype == torch.bfloat16 and not bf16_supported():
+        why = "oneDNN has no bfloat16 kernel for this CPU"
+    if why is not None:
         if mode == "onednn":
-            raise ValueError(f"gemm='onednn' needs device cpu and dtype float32 ({why}); use gemm='auto'")
+            raise ValueError(f"gemm='onednn' cannot run here ({why}); use gemm='auto'")
         return "default", why
-    if not available():
-        if mode == "onednn":
-            raise ValueError("gemm='onednn': this PyTorch build has no oneDNN linear kernel; use gemm='auto'")
-        return "default", "this PyTorch build has no oneDNN linear kernel"
     if mode == "onednn":
         return "onednn", "asked for"
+    if dtype == torch.bfloat16:
+        return "onednn", "bfloat16: F.linear's own oneDNN kernel with the weight packed once (same results, bit for bit)"
     speedup = _speedup_at(int(w.shape[0]), int(w.shape[1]), torch.get_num_threads())
     if speedup >= MIN_SPEEDUP:
         return "onednn", f"measured {speedup:.2f}x faster than F.linear here"
@@ -99,16 +119,16 @@ def choose(mode: str, w: Tensor, device: torch.device, dtype: torch.dtype) -> tu
 
 
 def pack_layers(layers: list) -> None:
-    """Replace every layer's float32 GEMM weights (torch_model.LayerWeights) by OneDNNLinear, biases packed in."""
+    """Replace every layer's GEMM weights (torch_model.LayerWeights) by OneDNNLinear, biases packed in."""
     from workbench.engines.torch_model import replace_layer_gemms
 
     replace_layer_gemms(layers, OneDNNLinear)
 
 
-def gflops(n: int = 1024, seconds: float = 1.0) -> float:
-    """Measured n x n float32 GEMM rate through oneDNN (packed weight), GFLOP/s at the current thread count: the
+def gflops(n: int = 1024, seconds: float = 1.0, dtype: torch.dtype = torch.float32) -> float:
+    """Measured n x n GEMM rate through oneDNN (packed weight), GFLOP/s at the current thread count: the
     counterpart of hardware.matmul_gflops, so a compute floor uses the faster of the two libraries."""
     from workbench.hardware import gemm_rate
 
-    x, fast = torch.randn(n, n), OneDNNLinear(torch.randn(n, n))
+    x, fast = torch.randn(n, n, dtype=dtype), OneDNNLinear(torch.randn(n, n, dtype=dtype))
     return gemm_rate(lambda: fast(x), 2 * n**3, seconds)

@@ -49,15 +49,17 @@ from workbench.model.random_checkpoint import SIZES, make_random_checkpoint, ran
 
 
 def _floor_rate(dtype: str, device: str) -> tuple[float, str]:
-    """The square-GEMM rate a compute floor divides by: the faster of PyTorch's default GEMM and, for float32 on
-    CPU, oneDNN (2.2x faster on an AMD EPYC Zen 5, where the torch engine then uses it: torch_onednn.py)."""
+    """The square-GEMM rate a compute floor divides by: the faster of PyTorch's default GEMM and, on CPU, oneDNN
+    with a packed weight (float32: 2.2x faster on an AMD EPYC Zen 5; the torch engine uses what is faster:
+    torch_onednn.py)."""
     import torch
 
     from workbench.engines import torch_onednn
 
     rates = {"torch.matmul": max(matmul_gflops(getattr(torch, dtype), device) for _ in range(3))}
-    if dtype == "float32" and device == "cpu" and torch_onednn.available():
-        rates["oneDNN"] = max(torch_onednn.gflops() for _ in range(3))
+    usable = {"float32": torch_onednn.available(), "bfloat16": torch_onednn.bf16_supported()}.get(dtype, False)
+    if device == "cpu" and usable:
+        rates["oneDNN"] = max(torch_onednn.gflops(dtype=getattr(torch, dtype)) for _ in range(3))
     library = max(rates, key=rates.get)
     return rates[library], library
 
