@@ -15,6 +15,13 @@ engine / kernel floor is the engine's own overhead (Python, scheduling, KV bookk
 kernel floor / matmul floor is what these shapes cost on this BLAS, which no scheduler can remove.
 Prints a table and, last, one JSON line with every number.
 
+Paired with the matmul rate: these machines share their host, and its load moves every rate by 10-30% over
+tens of seconds (the same command, same code, four times in four minutes: bf16 engine 186-252 ms, square-GEMM
+rate 378-431 GFLOP/s; AMD EPYC Zen 5, 2026-12-02). A floor measured a minute before the engine can be off by
+that much. So, given `sample_rate` (a ~0.1 s measurement of the same GEMM), each engine request is bracketed
+by two rate samples and divided by its own floor; `engine_over_matmul_floor` is the median of those paired
+ratios (their range is printed too), the phase table uses the median rate.
+
 `microbench.py` builds the checkpoint and measures the matmul rate, then calls `run_floor`; this
 module never imports microbench (the dependency runs one way), and draws its requests from the
 synthetic workloads of `workbench/engines/workloads.py` like every other benchmark.
@@ -119,8 +126,10 @@ def flops(lm, prompt_len: int, beam: int, new_tokens: int) -> dict[str, float]:
     }
 
 
-def engine_times(engine, workload: SyntheticWorkload, requests: int) -> list[tuple[float, float, float]]:
-    """Unloaded requests one at a time: per request (total ms, prefill forward ms, decode forwards ms)."""
+def engine_times(engine, workload: SyntheticWorkload, requests: int, sample_rate=None
+                 ) -> list[tuple[float, float, float, float | None]]:
+    """Unloaded requests one at a time: per request (total ms, prefill forward ms, decode forwards ms, matmul
+    GFLOP/s around it: the mean of `sample_rate()` just before and just after, None without `sample_rate`)."""
     lm = engine.lm
     calls: list[float] = []
     orig = lm.forward
@@ -135,6 +144,7 @@ def engine_times(engine, workload: SyntheticWorkload, requests: int) -> list[tup
     rows = []
     try:
         for i, req in enumerate(workload.requests(requests + 1)):  # the first is a warm-up
+            before = sample_rate() if sample_rate and i else None
             calls.clear()
             t0 = time.perf_counter()
             res = asyncio.run(engine.beam_search([req]))[0]
@@ -142,16 +152,19 @@ def engine_times(engine, workload: SyntheticWorkload, requests: int) -> list[tup
             if not res.success:
                 raise RuntimeError(f"beam request failed: {res.error}")
             if i:
-                rows.append((total, calls[0], sum(calls[1:])))
+                rate = None if before is None else (before + sample_rate()) / 2
+                rows.append((total, calls[0], sum(calls[1:]), rate))
     finally:
         lm.forward = orig
     return rows
 
 
 def run_floor(checkpoint: Path, peak_gflops: float, *, prompt_len: int, beam: int, new_tokens: int,
-              dtype: str = "float32", device: str = "cpu", quick: bool = False, options: dict | None = None) -> dict:
+              dtype: str = "float32", device: str = "cpu", quick: bool = False, options: dict | None = None,
+              sample_rate=None) -> dict:
     """Print the floor table for one unconstrained beam request of this shape on `checkpoint`; `options`: the
-    torch engine's (compile, quantize). The matmul floor stays the float rate of `dtype`, also for int8."""
+    torch engine's (compile, quantize). The matmul floor stays the float rate of `dtype`, also for int8.
+    `sample_rate`: a short measurement of the `peak_gflops` GEMM, taken around every request (module doc)."""
     from workbench.engines.registry import create_engine
 
     P, B, T = prompt_len, beam, new_tokens
@@ -161,15 +174,20 @@ def run_floor(checkpoint: Path, peak_gflops: float, *, prompt_len: int, beam: in
     try:
         lm = engine.lm
         n = 4 if quick else 10
-        rows = engine_times(engine, workload, n)
+        rows = engine_times(engine, workload, n, sample_rate)
         kern = kernel_times(lm, P, B, T, repeats=3 if quick else 7)
     finally:
         engine.shutdown()
     fl = flops(lm, P, B, T)
-    total, pre, dec = sorted(rows)[len(rows) // 2]  # the median request (upper median), with its own parts
+    total, pre, dec, _ = sorted(rows)[len(rows) // 2]  # the median request (upper median), with its own parts
+    rates = sorted(r[3] for r in rows if r[3] is not None)
+    if rates:
+        peak_gflops = rates[len(rates) // 2]
     phases = [Phase(name, fl[name] / 1e9, fl[name] / peak_gflops / 1e6, kern[name]) for name in fl]
     floor = sum(p.matmul_floor_ms for p in phases)
     kfloor = sum(p.kernel_ms for p in phases)
+    # each request over the floor at the rate measured around it (module doc); without samples, the one rate
+    paired = sorted(t / (sum(fl.values()) / (r or peak_gflops) / 1e6) for t, _, _, r in rows)
     kpre = kern["prefill_gemm"] + kern["prefill_attention"] + kern["lm_head_prefill"]
     kdec = kfloor - kpre
     out = {
@@ -179,7 +197,10 @@ def run_floor(checkpoint: Path, peak_gflops: float, *, prompt_len: int, beam: in
         "matmul_floor_ms": floor, "kernel_floor_ms": kfloor,
         "engine_ms": total, "engine_prefill_forward_ms": pre, "engine_decode_forwards_ms": dec,
         "engine_other_ms": total - pre - dec, "requests": len(rows),
-        "engine_over_matmul_floor": total / floor, "kernel_floor_over_matmul_floor": kfloor / floor,
+        "engine_over_matmul_floor": paired[len(paired) // 2], "paired_ratio_range": [paired[0], paired[-1]],
+        "matmul_gflops_range": [rates[0], rates[-1]] if rates else None,
+        "per_request": [{"engine_ms": t, "matmul_gflops": r} for t, _, _, r in rows],
+        "kernel_floor_over_matmul_floor": kfloor / floor,
         "engine_over_kernel_floor": total / kfloor,
         "phases": [asdict(p) for p in phases],
     }
@@ -194,7 +215,10 @@ def run_floor(checkpoint: Path, peak_gflops: float, *, prompt_len: int, beam: in
     print(f"engine (median of {len(rows)} unloaded requests, in-process): {total:.0f} ms = prefill forward {pre:.0f} "
           f"(kernels {kpre:.0f}) + decode forwards {dec:.0f} (kernels {kdec:.0f}) + selection/scheduling "
           f"{total - pre - dec:.0f}")
-    print(f"engine / matmul floor = {out['engine_over_matmul_floor']:.2f}x  "
+    if rates:
+        print(f"matmul rate around the requests: {rates[0]:.0f}-{rates[-1]:.0f} GFLOP/s (median {peak_gflops:.0f}); "
+              f"each request over its own floor: {paired[0]:.2f}-{paired[-1]:.2f}x")
+    print(f"engine / matmul floor = {out['engine_over_matmul_floor']:.2f}x (median request, paired)  "
           f"(kernel floor / matmul floor = {out['kernel_floor_over_matmul_floor']:.2f}x, "
           f"engine / kernel floor = {out['engine_over_kernel_floor']:.2f}x)")
     print(json.dumps(out))

@@ -63,6 +63,20 @@ def _floor_rate(dtype: str, device: str) -> tuple[float, str]:
     library = max(rates, key=rates.get)
     return rates[library], library
 
+
+SAMPLE_S = 0.1  # one rate sample around each floor request (floorbench's module doc)
+
+
+def _rate_sampler(dtype: str, device: str, library: str):
+    """A ~0.1 s measurement of the same square GEMM `_floor_rate` chose, for run_floor to take around each request."""
+    import torch
+
+    from workbench.engines import torch_onednn
+
+    if library == "oneDNN":
+        return lambda: torch_onednn.gflops(seconds=SAMPLE_S, dtype=getattr(torch, dtype))
+    return lambda: matmul_gflops(getattr(torch, dtype), device, seconds=SAMPLE_S)
+
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="workbench microbench", description=__doc__.split("\n")[0])
     p.add_argument("--model", choices=list(SIZES), default="2.4m",
@@ -151,15 +165,17 @@ def main(argv=None) -> int:
                 peak, library = _floor_rate(dt, args.device)
                 print(f"matmul rate {peak:.0f} GFLOP/s ({library}, the faster GEMM library here)", file=sys.stderr)
                 outs.append(run_floor(ck, peak, prompt_len=args.prompt_len, beam=args.beam, new_tokens=args.new_tokens,
-                                      dtype=dt, device=args.device, quick=args.quick, options=options))
+                                      dtype=dt, device=args.device, quick=args.quick, options=options,
+                                      sample_rate=_rate_sampler(dt, args.device, library)))
         print(f"\nfloor summary on {cpu_line}, {torch.get_num_threads()} thread(s), {args.model}:")
         print("| engine | dtype | layer GEMMs | matmul GFLOP/s | matmul floor ms | engine ms | prefill ms | decode ms | "
-              "engine / floor |")
+              "engine / floor (paired: median, range) |")
         print("|---|---|---|---|---|---|---|---|---|")
         for o in outs:
+            lo, hi = o["paired_ratio_range"]
             print(f"| {o['engine']} | {o['dtype']} | {o['gemm']} | {o['matmul_gflops']:.0f} | {o['matmul_floor_ms']:.0f} | "
                   f"{o['engine_ms']:.0f} | {o['engine_prefill_forward_ms']:.0f} | {o['engine_decode_forwards_ms']:.0f} | "
-                  f"{o['engine_over_matmul_floor']:.2f}x |")
+                  f"{o['engine_over_matmul_floor']:.2f}x ({lo:.2f}-{hi:.2f}) |")
         return 0
     if args.dtype == "both":
         from workbench.errors import UsageError
