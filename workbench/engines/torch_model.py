@@ -136,7 +136,7 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, block: int =
     bfloat16 the scores are stored in bfloat16 (CPU GEMMs have no float32 output for bfloat16 inputs), as in
     `transformers`' eager attention, ~5x SDPA's RMS error; numerics.py counts that rounding. The softmax
     computes in float32 for bfloat16 input (PyTorch's CPU kernel converts; its output equals softmax in
-    float32 then one rounding, bit for bit: tests/test_engine_parity.py).
+    float32 then one rounding, bit for bit: tests/test_torch_variants.py).
     """
     H, L, D = q.shape
     Hkv = k.shape[0]
@@ -228,7 +228,7 @@ class SharedSegment:
     past_len: Tensor
     # filled by the forward: per layer (k, v) [R, S, Hkv, Tpast + Lq, D] = past + the new tokens
     own_kv: list[tuple[Tensor, Tensor]] = field(default_factory=list)
-    _mask: Tensor | bool | None = None  # the forward's key mask, built once per forward; False: nothing masked
+    _mask: Tensor | bool | None = None  # the forward's hidden keys, built once per forward; False: none hidden
 
     @property
     def n_rows(self) -> int:
@@ -488,12 +488,12 @@ class FastLM:
             lim = seg.past_len[:, None] + torch.arange(Lq, device=dev)[None, :]  # [R, Lq]
             own_ok = torch.arange(T, device=dev)[None, None, :] <= lim[:, :, None]  # [R, Lq, T]
             m = torch.cat([kp_ok[:, None, :].expand(R, Lq, pmax), own_ok], dim=-1)  # [R, Lq, Pmax+T]
-            # [R, 1, 1, 1, Lq, Pmax+T], or False where every key is visible (a decode step of equal-length prompts:
-            # the masking pass would change nothing, and cost ~0.1 ms per layer at beam 30, prompt 512)
-            seg._mask = False if bool(m.all()) else m[:, None, None, None]
+            # the hidden keys [R, 1, 1, 1, Lq, Pmax+T], or False where every key is visible (a decode step of
+            # equal-length prompts: the masking pass would change nothing, ~0.1 ms per layer at beam 30, prompt 512)
+            seg._mask = False if bool(m.all()) else ~m[:, None, None, None]
         s = s.view(R, Hkv, S, g, Lq, pmax + T)
         if seg._mask is not False:
-            s.masked_fill_(~seg._mask, float("-inf"))
+            s.masked_fill_(seg._mask, float("-inf"))
         p = torch.softmax(s, dim=-1).to(q.dtype)
         p1 = p[..., :pmax].reshape(R, Hkv, S * g * Lq, pmax)
         p2 = p[..., pmax:].reshape(R, Hkv, S, g * Lq, T)
