@@ -31,13 +31,15 @@ def _probe(env) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_env_adds_the_tunable_and_keeps_the_users():
-    assert malloc.hugepages_env({})["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+def test_env_adds_the_tunables_and_keeps_the_users():
+    assert malloc.SETTING == ("glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=33554432:"
+                              "glibc.malloc.trim_threshold=268435456")
+    assert malloc.hugepages_env({})["GLIBC_TUNABLES"] == malloc.SETTING
     env = malloc.hugepages_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2", "X": "1"})
-    assert env["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1" and env["X"] == "1"
-    mine = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}  # the user's own choice wins
-    assert malloc.hugepages_env(mine)["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=0"
-    assert not malloc.active(mine)
+    assert env["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:" + malloc.SETTING and env["X"] == "1"
+    for mine in ("glibc.malloc.hugetlb=0", "glibc.malloc.trim_threshold=0"):  # the user's own choice wins
+        assert malloc.hugepages_env({"GLIBC_TUNABLES": mine})["GLIBC_TUNABLES"] == mine
+        assert not malloc.active({"GLIBC_TUNABLES": mine})
 
 
 def test_hugepages_cut_the_page_faults_of_large_tensors():
@@ -61,6 +63,6 @@ def test_the_console_command_reexecutes_itself_once(tmp_path):
             "open(os.environ['OUT'], 'a').write(os.environ.get('GLIBC_TUNABLES', '-') + '\\n'); r()")
     env = {k: v for k, v in malloc.hugepages_env().items() if k != "GLIBC_TUNABLES"} | {"OUT": str(tmp_path / "o")}
     subprocess.run([sys.executable, "-c", code], env=env, check=True)
-    assert (tmp_path / "o").read_text().splitlines() == ["-", "glibc.malloc.hugetlb=1"]
+    assert (tmp_path / "o").read_text().splitlines() == ["-", malloc.SETTING]
     subprocess.run([sys.executable, "-c", code], env=env | {"WORKBENCH_HUGEPAGES": "0"}, check=True)
     assert (tmp_path / "o").read_text().splitlines()[2:] == ["-"]

