@@ -87,10 +87,13 @@ def _not_ready(state: Readiness):
 @router.api_route("/health", methods=["GET", "HEAD"])
 async def health(request: Request):
     app = request.app
-    # the torch engine's float32 GEMM library, chosen per machine at load (torch_onednn.py)
+    from workbench import malloc
+
+    # the torch engine's GEMM library, chosen per machine at load (torch_onednn.py)
     gemm = getattr(getattr(app.state.engine, "lm", None), "gemm", None)
     return {"status": "ok", "engine": app.state.engine.name, "model": app.state.model_name,
-            "ready": app.state.readiness.ready, **({"gemm": gemm} if gemm else {})}
+            "ready": app.state.readiness.ready, **({"gemm": gemm} if gemm else {}),
+            "malloc_hugepages": malloc.active()}  # started with malloc.TUNABLES (malloc.py)
 
 
 @router.api_route("/ready", methods=["GET", "HEAD"])
