@@ -58,7 +58,8 @@ def _glibc() -> tuple[int, ...] | None:
 
 
 def supported() -> tuple[bool, str]:
-    """(whether the tunable can act here, why not)."""
+    """(whether the tunables can act here, why not). The thresholds alone would act without huge pages too; they
+    are kept together so that one switch means one measured configuration."""
     glibc = _glibc()
     if glibc is None:
         return False, "not glibc"
@@ -91,7 +92,7 @@ def hugepages_env(env=None) -> dict[str, str]:
 
 
 def reexec_with_hugepages() -> None:
-    """Replace this process by itself started with the tunable, where it can act and is not set yet (or opted out).
+    """Replace this process by itself started with TUNABLES, where they can act and none is set yet (nor opted out).
 
     Call first thing in a console entry point: what ran before is run again."""
     if os.environ.get(OPT_OUT, "1") == "0" or _set_by_user(os.environ) or not supported()[0]:
