@@ -50,7 +50,8 @@ def test_hugepages_cut_the_page_faults_of_large_tensors():
     plain = dict(env, GLIBC_TUNABLES="glibc.malloc.hugetlb=0")
     off, on = _probe(plain), _probe(env)
     assert not off["active"] and on["active"]
-    assert off["faults"] >= PAGES_4K * 0.9, off  # the premise: each fresh large tensor faults in every 4 KiB page
+    if malloc._thp_mode() == "madvise":  # with "always" the kernel gives huge pages unasked: no premise to check
+        assert off["faults"] >= PAGES_4K * 0.9, off  # the premise: each fresh large tensor faults every 4 KiB page
     assert on["faults"] <= PAGES_4K / 4, (on, off)
 
 
