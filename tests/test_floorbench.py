@@ -87,3 +87,37 @@ def test_floor_runs_both_dtypes_side_by_side(checkpoint, capsys):
     assert all(o["engine_ms"] > 0 and o["matmul_gflops"] > 0 for o in outs)
     assert f"floor summary on {cpu_info()['cpu_model']}" in text
     assert "| torch | float32 |" in text and "| torch | bfloat16 |" in text
+
+
+def test_ab_runs_two_engines_on_the_same_requests(checkpoint, capsys):
+    """`--ab A B`: both engines, the same requests alternating; the ratio and the same-beams count come from the
+    per-request rows. bf16 default vs packed oneDNN GEMMs give the same beams bit for bit (torch_onednn.py)."""
+    from workbench.engines import torch_onednn
+
+    dtype = "bfloat16" if torch_onednn.bf16_supported() else "float32"
+    rc = microbench_main(["--ab", f"gemm=default,dtype={dtype}", f"gemm=onednn,dtype={dtype}", "--quick",
+                          "--threads", "1", "--checkpoint", str(checkpoint), "--prompt-len", "40", "--beam", "6",
+                          "--new-tokens", "5"])
+    assert rc == 0
+    (out,) = [json.loads(ln) for ln in capsys.readouterr().out.splitlines() if ln.startswith("{")]
+    rows = out["per_request"]
+    assert out["requests"] == len(rows) == 6
+    assert out["a_engine"]["gemm"] == "default" and out["b_engine"]["gemm"] == "onednn"
+    ratios = sorted(r["b_ms"] / r["a_ms"] for r in rows)
+    assert out["ratio_b_over_a"]["median"] == pytest.approx((ratios[2] + ratios[3]) / 2)
+    assert out["ratio_b_over_a"]["q1"] <= out["ratio_b_over_a"]["median"] <= out["ratio_b_over_a"]["q3"]
+    assert out["same_beams"] == sum(r["same_beams"] for r in rows)
+    if dtype == "bfloat16":
+        assert out["same_beams"] == 6
+
+
+def test_ab_options_are_checked():
+    from workbench.errors import UsageError
+    from workbench.perf.abbench import parse_options
+
+    assert parse_options("gemm=default, dtype=bfloat16,compile=true") == {"gemm": "default", "dtype": "bfloat16",
+                                                                          "compile": True}
+    assert parse_options("") == {}
+    for bad in ("gemm=mkl", "threads=2", "dtype"):
+        with pytest.raises(UsageError, match="is not one of"):
+            parse_options(bad)

@@ -20,6 +20,7 @@ Prints a table and, last, one JSON line with every number. Example:
     workbench microbench --model 25m --floor --threads 1     # one request vs the compute floor, by phase
     workbench microbench --model 25m --floor --threads 1 --dtype bfloat16 --compile   # a torch engine variant
     workbench microbench --model 25m --floor --threads 1 --quantize int8
+    workbench microbench --model 25m --threads 1 --ab gemm=default,dtype=bfloat16 gemm=onednn,dtype=bfloat16
 
 `--compile` / `--quantize int8` apply to the torch engine only (the hf baseline stays as it is).
 
@@ -42,6 +43,7 @@ from pathlib import Path
 
 from workbench import tracking
 from workbench.engines import torch_options
+from workbench.errors import UsageError
 from workbench.hardware import matmul_gflops
 from workbench.engines.workloads import SyntheticWorkload, WorkloadShape
 from workbench.model.random_checkpoint import SIZES, make_random_checkpoint, random_size
@@ -98,6 +100,10 @@ def parse_args(argv):
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--floor", action="store_true",
                    help="instead: one unloaded beam request vs the compute floor, by phase (workbench/perf/floorbench.py)")
+    p.add_argument("--ab", nargs=2, metavar=("A", "B"), default=None,
+                   help="instead: two torch engine configurations (comma-separated options, e.g. gemm=default "
+                        "gemm=onednn) on the same beam requests, alternating in one process; prints the paired "
+                        "ratio B / A (workbench/perf/abbench.py)")
     torch_options.add_flags(p)
     return p.parse_args(argv)
 
@@ -152,6 +158,20 @@ def main(argv=None) -> int:
     cpu_line = (f"{cpu['cpu_model']} ({cpu['cpu_flags'] or 'no AVX-512'}); malloc huge pages "
                 f"{'on' if malloc.active() else 'off'}")
     options = torch_options.from_args(args)
+    if args.ab:
+        from workbench.perf.abbench import parse_options, run_ab
+
+        if options:
+            raise UsageError("with --ab, give --compile / --quantize inside A or B (compile=true, quantize=int8)")
+
+        a, b = (parse_options(x) for x in args.ab)
+        print(f"cpu: {cpu_line}; threads {torch.get_num_threads()}", file=sys.stderr)
+        with tempfile.TemporaryDirectory() as tmp:
+            ck = Path(args.checkpoint) if args.checkpoint else build_checkpoint(args.model, args.new_tokens,
+                                                                                args.prompt_len, Path(tmp))
+            run_ab(ck, a, b, prompt_len=args.prompt_len, beam=args.beam, new_tokens=args.new_tokens,
+                   requests=6 if args.quick else 30, device=args.device)
+        return 0
     if args.floor:
         from workbench.perf.floorbench import run_floor
 
@@ -178,8 +198,6 @@ def main(argv=None) -> int:
                   f"{o['engine_over_matmul_floor']:.2f}x ({lo:.2f}-{hi:.2f}) |")
         return 0
     if args.dtype == "both":
-        from workbench.errors import UsageError
-
         raise UsageError("--dtype both is for --floor; the side-by-side microbench runs one dtype")
     args.dtype = resolve_dtype(args.dtype)
     print(f"cpu: {cpu_line}; dtype {args.dtype}", file=sys.stderr)
