@@ -5,7 +5,7 @@ Why: PyTorch's CPU tensors come from glibc's malloc, which serves large blocks w
 freed heap back to the kernel) and so faults their memory in again on the next use, one 4 KiB page at a
 time; in these VMs a page fault costs ~1.8 us: allocating and filling a fresh 64 MiB float32 tensor took
 30 ms, filling an existing one 2 ms (AMD EPYC Zen 5, 1 thread, 2026-12-02). One quickstart training of
-`none` took 20.7M minor faults in 95 s; one 25m bfloat16 beam request in the torch engine 1,000-2,800.
+`none` took 20.7M minor faults in 95 s; one 25m bfloat16 beam request in the torch engine 1,100-3,900.
 With `glibc.malloc.hugetlb=1` (glibc >= 2.35) malloc asks for transparent huge pages, so a fault brings in
 2 MiB: the 64 MiB tensor took 4.5 ms and the training 1.76M faults (same losses and validation NDCG to the
 digit); with the two thresholds as well, freed blocks up to 32 MiB stay in malloc's heap and the beam
