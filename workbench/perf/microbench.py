@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 from workbench import tracking
 from workbench.engines import torch_options
@@ -50,34 +51,26 @@ from workbench.model.random_checkpoint import SIZES, make_random_checkpoint, ran
 
 
 
-def _floor_rate(dtype: str, device: str) -> tuple[float, str]:
-    """The square-GEMM rate a compute floor divides by: the faster of PyTorch's default GEMM and, on CPU, oneDNN
-    with a packed weight (float32: 2.2x faster on an AMD EPYC Zen 5; the torch engine uses what is faster:
-    torch_onednn.py)."""
-    import torch
-
-    from workbench.engines import torch_onednn
-
-    rates = {"torch.matmul": max(matmul_gflops(getattr(torch, dtype), device) for _ in range(3))}
-    usable = {"float32": torch_onednn.available(), "bfloat16": torch_onednn.bf16_supported()}.get(dtype, False)
-    if device == "cpu" and usable:
-        rates["oneDNN"] = max(torch_onednn.gflops(dtype=getattr(torch, dtype)) for _ in range(3))
-    library = max(rates, key=rates.get)
-    return rates[library], library
-
-
 SAMPLE_S = 0.1  # one rate sample around each floor request (floorbench's module doc)
 
 
-def _rate_sampler(dtype: str, device: str, library: str):
-    """A ~0.1 s measurement of the same square GEMM `_floor_rate` chose, for run_floor to take around each request."""
+def _floor_rate(dtype: str, device: str) -> tuple[float, str, Callable[[], float]]:
+    """The square-GEMM rate a compute floor divides by, its library and a ~0.1 s sampler of that same GEMM (taken
+    around each floor request): the faster of PyTorch's default GEMM and, on CPU, oneDNN with a packed weight
+    (float32: 2.2x faster on an AMD EPYC Zen 5; the torch engine uses what is faster: torch_onednn.py)."""
     import torch
 
     from workbench.engines import torch_onednn
 
-    if library == "oneDNN":
-        return lambda: torch_onednn.gflops(seconds=SAMPLE_S, dtype=getattr(torch, dtype))
-    return lambda: matmul_gflops(getattr(torch, dtype), device, seconds=SAMPLE_S)
+    dt = getattr(torch, dtype)
+    measure = {"torch.matmul": lambda seconds: matmul_gflops(dt, device, seconds=seconds)}
+    usable = {"float32": torch_onednn.available(), "bfloat16": torch_onednn.bf16_supported()}.get(dtype, False)
+    if device == "cpu" and usable:
+        measure["oneDNN"] = lambda seconds: torch_onednn.gflops(seconds=seconds, dtype=dt)
+    rates = {lib: max(fn(1.0) for _ in range(3)) for lib, fn in measure.items()}
+    library = max(rates, key=rates.get)
+    return rates[library], library, lambda: measure[library](SAMPLE_S)
+
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="workbench microbench", description=__doc__.split("\n")[0])
@@ -182,11 +175,11 @@ def main(argv=None) -> int:
                                                                                 args.prompt_len, Path(tmp))
             for dt in dtypes:
                 print(f"cpu: {cpu_line}; dtype {dt}; threads {torch.get_num_threads()}", file=sys.stderr)
-                peak, library = _floor_rate(dt, args.device)
+                peak, library, sample_rate = _floor_rate(dt, args.device)
                 print(f"matmul rate {peak:.0f} GFLOP/s ({library}, the faster GEMM library here)", file=sys.stderr)
                 outs.append(run_floor(ck, peak, prompt_len=args.prompt_len, beam=args.beam, new_tokens=args.new_tokens,
                                       dtype=dt, device=args.device, quick=args.quick, options=options,
-                                      sample_rate=_rate_sampler(dt, args.device, library)))
+                                      sample_rate=sample_rate))
         print(f"\nfloor summary on {cpu_line}, {torch.get_num_threads()} thread(s), {args.model}:")
         print("| engine | dtype | layer GEMMs | matmul GFLOP/s | matmul floor ms | engine ms | prefill ms | decode ms | "
               "engine / floor (paired: median, range) |")
