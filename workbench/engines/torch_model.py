@@ -27,8 +27,8 @@ Two opt-in variants, both off by default (the default forward is the plain eager
 
 One choice made per machine (`gemm="auto"`, the default): the layer GEMMs run on oneDNN with their weights
 packed once, in float32 where it measures clearly faster than `F.linear` at load (2.2-2.6x on an AMD EPYC
-Zen 5), in bfloat16 wherever oneDNN has a bfloat16 kernel (the same results as `F.linear`, 1.45x faster at a
-beam-30 decode step there; torch_onednn.py).
+Zen 5), in bfloat16 wherever oneDNN has a bfloat16 kernel (the same results as `F.linear`; the layer GEMMs
+of a beam-30 decode step 1.45x faster there; torch_onednn.py).
 """
 
 from __future__ import annotations
