@@ -176,6 +176,32 @@ def test_cpu_bfloat16_softmax_rounds_once_from_float32():
         assert torch.equal(torch.softmax(s, dim=-1), torch.softmax(s, dim=-1, dtype=torch.float32).bfloat16())
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_rope_equals_hf_bit_for_bit(checkpoints, dtype):
+    """FastLM.rope's sin (first half negated) with swap_halves gives HF's q * cos + rotate_half(q) * sin bit for
+    bit, in both dtypes, at the positions of a long prompt and of a decode step."""
+    from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
+
+    from workbench.engines.torch_model import EAGER_OPS
+
+    te = create_engine("torch", checkpoints["qwen3"], dtype=dtype)
+    try:
+        lm, hf = te.lm, te.checkpoint.model
+        g = torch.Generator().manual_seed(0)
+        for positions in (torch.arange(600), torch.full((30,), 517)):
+            n = len(positions)
+            q = (torch.randn(n, lm.n_heads, lm.head_dim, generator=g) * 3).to(lm.dtype)
+            k = (torch.randn(n, lm.n_kv, lm.head_dim, generator=g) * 3).to(lm.dtype)
+            cos, sin = lm.rope(positions)
+            got_q, got_k = EAGER_OPS.qk_norm_rope(q, k, None, None, cos, sin, lm.eps)
+            hcos, hsin = hf.model.rotary_emb(q[None], positions[None])  # [1, n, D] in the model's dtype
+            want_q, want_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                                  hcos.to(lm.dtype), hsin.to(lm.dtype))
+            assert torch.equal(got_q, want_q[0].transpose(0, 1)) and torch.equal(got_k, want_k[0].transpose(0, 1))
+    finally:
+        te.shutdown()
+
+
 def test_compiled_constrained_full_width_equals_exhaustive(compiled, oracles):
     arch, dtype, te, eager = compiled
     rng = np.random.default_rng(1)

@@ -88,19 +88,24 @@ def linear(x: Tensor, w, b: Tensor | None = None, blocked: bool = False) -> Tens
     return matmul(F.pad(x, (0, 0, 0, MIN_ROWS - n)), w, b)[:n]
 
 
-def rotate_half(x: Tensor) -> Tensor:
+def swap_halves(x: Tensor) -> Tensor:
+    """[x1 | x2] -> [x2 | x1] on the last dim: HF's rotate_half, [-x2 | x1], with the sign left to `FastLM.rope`'s sin."""
     h = x.shape[-1] // 2
-    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+    return torch.cat((x[..., h:], x[..., :h]), dim=-1)
 
 
 # ---- the elementwise work of a layer: pure functions, so torch.compile can fuse each (torch_fused.py) ----
 def qk_norm_rope(q: Tensor, k: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, cos: Tensor, sin: Tensor,
                  eps: float) -> tuple[Tensor, Tensor]:
-    """q [N, H, D], k [N, Hkv, D] (views of the qkv GEMM's output) -> RoPE(q/k-norm(q)), RoPE(q/k-norm(k))."""
+    """q [N, H, D], k [N, Hkv, D] (views of the qkv GEMM's output) -> RoPE(q/k-norm(q)), RoPE(q/k-norm(k)).
+
+    `sin` is `FastLM.rope`'s, its first half negated, so HF's q * cos + rotate_half(q) * sin is q * cos +
+    swap_halves(q) * sin here: one op less per tensor (rotate_half's negation), the same results bit for bit
+    ((-a) * b == a * (-b) in IEEE arithmetic)."""
     if q_norm is not None:
         q = rms_norm(q, q_norm, eps)
         k = rms_norm(k, k_norm, eps)
-    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    return q * cos + swap_halves(q) * sin, k * cos + swap_halves(k) * sin
 
 
 def add_norm(x: Tensor, y: Tensor, w: Tensor, eps: float) -> tuple[Tensor, Tensor]:
@@ -228,11 +233,27 @@ class SharedSegment:
     past_len: Tensor
     # filled by the forward: per layer (k, v) [R, S, Hkv, Tpast + Lq, D] = past + the new tokens
     own_kv: list[tuple[Tensor, Tensor]] = field(default_factory=list)
-    _mask: Tensor | bool | None = None  # the forward's hidden keys, built once per forward; False: none hidden
+    # set by `prepare`, once per forward (every layer reads them)
+    _mask: Tensor | bool | None = None  # the hidden keys, built by the first layer; False: none hidden
+    _write_pos: Tensor | None = None  # [rows] where each row's K/V goes in its stream's own KV
+    _grid: Tensor | None = None  # [rows] each row's slot in the [R, S, Lq] grid
+    _in_order: bool = False  # every slot of the grid is a row, in grid order, and every stream's past is t_past long
 
     @property
     def n_rows(self) -> int:
         return int(self.r_idx.numel())
+
+    def prepare(self) -> None:
+        """Before a forward: the per-row indices every layer uses, and whether the rows fill the grid in order with
+        one past length (a decode step of requests of one beam width, in step; a score pass over equal-length
+        candidates). Then the attention appends the new K/V and takes the rows as they are, where otherwise it
+        scatters rows into a zeroed grid and gathers them back: fewer ops per layer, the same values."""
+        self.own_kv, self._mask = [], None
+        self._write_pos = self.past_len[self.r_idx] + self.i_idx
+        self._grid = (self.r_idx * self.S + self.s_idx) * self.Lq + self.i_idx
+        n = self.R * self.S * self.Lq
+        self._in_order = (self.n_rows == n and bool((self.past_len == self.t_past).all())
+                          and bool((self._grid == torch.arange(n, device=self._grid.device)).all()))
 
     @property
     def t_past(self) -> int:
@@ -376,11 +397,13 @@ class FastLM:
         return F.embedding(ids.to(self.device), self.embed)
 
     def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """(cos, sin) [N, 1, D] of HF's rotary embedding at `positions`, sin's first half negated (qk_norm_rope)."""
         freqs = positions.to(self.device).float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = (emb.cos() * self.rope_scaling).to(self.dtype)[:, None, :]  # [N, 1, D]
-        sin = (emb.sin() * self.rope_scaling).to(self.dtype)[:, None, :]
-        return cos, sin
+        sin = (emb.sin() * self.rope_scaling).to(self.dtype)
+        sin[:, : sin.shape[-1] // 2].neg_()
+        return cos, sin[:, None, :]
 
     def logits(self, h: Tensor) -> Tensor:
         """Final-normed hidden rows [N, hidden] -> logits [N, vocab] (in the model dtype)."""
@@ -402,8 +425,7 @@ class FastLM:
             if isinstance(seg, PrefillSegment):
                 seg.kv = []
             else:
-                seg.own_kv = []
-                seg._mask = None
+                seg.prepare()
         H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
         ops, eps, blocked = self.ops, self.eps, self.batch_invariant
         h = rms_norm(x, self.layers[0].ln1, eps)
@@ -460,21 +482,28 @@ class FastLM:
         R, S, Lq = seg.R, seg.S, seg.Lq
         tp = seg.t_past
         T = tp + Lq
-        own_k = k.new_zeros(R, S, Hkv, T, D)
-        own_v = v.new_zeros(R, S, Hkv, T, D)
-        if tp:
-            pk, pv = seg.past_kv[li]
-            own_k[:, :, :, :tp] = pk
-            own_v[:, :, :, :tp] = pv
-        pos = seg.past_len[seg.r_idx] + seg.i_idx
-        own_k[seg.r_idx, seg.s_idx, :, pos] = k
-        own_v[seg.r_idx, seg.s_idx, :, pos] = v
+        if seg._in_order:  # rows are the grid: the new K/V follow every stream's past
+            own_k, own_v = (z.view(R, S, Lq, Hkv, D).transpose(2, 3) for z in (k, v))  # [R, S, Hkv, Lq, D]
+            if tp:
+                pk, pv = seg.past_kv[li]
+                own_k, own_v = torch.cat([pk, own_k], dim=3), torch.cat([pv, own_v], dim=3)
+            else:
+                own_k, own_v = own_k.contiguous(), own_v.contiguous()
+            qg = q
+        else:
+            own_k = k.new_zeros(R, S, Hkv, T, D)
+            own_v = v.new_zeros(R, S, Hkv, T, D)
+            if tp:
+                pk, pv = seg.past_kv[li]
+                own_k[:, :, :, :tp] = pk
+                own_v[:, :, :, :tp] = pv
+            own_k[seg.r_idx, seg.s_idx, :, seg._write_pos] = k
+            own_v[seg.r_idx, seg.s_idx, :, seg._write_pos] = v
+            qg = q.new_zeros(R * S * Lq, H, D)
+            qg[seg._grid] = q
         seg.own_kv.append((own_k, own_v))
         kP, vP = seg.prompt_kv[li]  # [R, Hkv, Pmax, D]
         pmax = kP.shape[2]
-        grid = (seg.r_idx * S + seg.s_idx) * Lq + seg.i_idx
-        qg = q.new_zeros(R * S * Lq, H, D)
-        qg[grid] = q
         # [R, S, Lq, Hkv, g, D] -> [R, Hkv, S, g, Lq, D]
         qg = qg.view(R, S, Lq, Hkv, g, D).permute(0, 3, 1, 4, 2, 5).reshape(R, Hkv, S * g * Lq, D)
         s1 = torch.matmul(qg, kP.transpose(-1, -2)).view(R, Hkv, S, g * Lq, pmax)
@@ -499,4 +528,4 @@ class FastLM:
         p2 = p[..., pmax:].reshape(R, Hkv, S, g * Lq, T)
         o = torch.matmul(p1, vP).view(R, Hkv, S, g, Lq, D) + torch.matmul(p2, ov).view(R, Hkv, S, g, Lq, D)
         o = o.permute(0, 2, 4, 1, 3, 5).reshape(R * S * Lq, H * D)
-        return o[grid]
+        return o if seg._in_order else o[seg._grid]

@@ -80,6 +80,12 @@ def pad_own_kv(own_kvs: Sequence[list | None], past: Sequence[int], S: int, kv: 
     tp = max(past)
     if not tp:
         return None
+    if all(p == tp and layers[0][0].shape[0] == S for p, layers in zip(past, own_kvs)):  # nothing to pad: stack
+        def stack(li: int, i: int):  # one request: a view, no copy
+            parts = [layers[li][i] for layers in own_kvs]
+            return parts[0][None] if len(parts) == 1 else torch.stack(parts)
+
+        return [(stack(li, 0), stack(li, 1)) for li in range(kv.n_layers)]
     out = []
     for li in range(kv.n_layers):
         k = torch.zeros(len(own_kvs), S, kv.n_kv, tp, kv.head_dim, dtype=kv.dtype, device=kv.device)
