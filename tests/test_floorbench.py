@@ -95,11 +95,12 @@ def test_ab_runs_two_engines_on_the_same_requests(checkpoint, capsys):
     from workbench.engines import torch_onednn
 
     dtype = "bfloat16" if torch_onednn.bf16_supported() else "float32"
-    rc = microbench_main(["--ab", f"gemm=default,dtype={dtype}", f"gemm=onednn,dtype={dtype}", "--quick",
+    rc = microbench_main(["--ab", "gemm=default", f"gemm=onednn,dtype={dtype}", "--dtype", dtype, "--quick",
                           "--threads", "1", "--checkpoint", str(checkpoint), "--prompt-len", "40", "--beam", "6",
                           "--new-tokens", "5"])
     assert rc == 0
     (out,) = [json.loads(ln) for ln in capsys.readouterr().out.splitlines() if ln.startswith("{")]
+    assert out["a"] == {"dtype": dtype, "gemm": "default"}  # --dtype is A's, which names none
     rows = out["per_request"]
     assert out["requests"] == len(rows) == 6
     assert out["a_engine"]["gemm"] == "default" and out["b_engine"]["gemm"] == "onednn"
@@ -121,3 +122,5 @@ def test_ab_options_are_checked():
     for bad in ("gemm=mkl", "threads=2", "dtype"):
         with pytest.raises(UsageError, match="is not one of"):
             parse_options(bad)
+    with pytest.raises(UsageError, match="--dtype both is for --floor"):  # before any checkpoint is built
+        microbench_main(["--ab", "gemm=default", "gemm=onednn", "--dtype", "both"])

@@ -235,8 +235,8 @@ class SharedSegment:
     own_kv: list[tuple[Tensor, Tensor]] = field(default_factory=list)
     # set by `prepare`, once per forward (every layer reads them)
     _mask: Tensor | bool | None = None  # the hidden keys, built by the first layer; False: none hidden
-    _write_pos: Tensor | None = None  # [rows] where each row's K/V goes in its stream's own KV
     _grid: Tensor | None = None  # [rows] each row's slot in the [R, S, Lq] grid
+    _write_pos: Tensor | None = None  # [rows] where each row's K/V goes in its stream's own KV (rows not in order)
     _in_order: bool = False  # every slot of the grid is a row, in grid order, and every stream's past is t_past long
 
     @property
@@ -249,11 +249,11 @@ class SharedSegment:
         candidates). Then the attention appends the new K/V and takes the rows as they are, where otherwise it
         scatters rows into a zeroed grid and gathers them back: fewer ops per layer, the same values."""
         self.own_kv, self._mask = [], None
-        self._write_pos = self.past_len[self.r_idx] + self.i_idx
         self._grid = (self.r_idx * self.S + self.s_idx) * self.Lq + self.i_idx
         n = self.R * self.S * self.Lq
         self._in_order = (self.n_rows == n and bool((self.past_len == self.t_past).all())
                           and bool((self._grid == torch.arange(n, device=self._grid.device)).all()))
+        self._write_pos = None if self._in_order else self.past_len[self.r_idx] + self.i_idx
 
     @property
     def t_past(self) -> int:

@@ -8,7 +8,8 @@ of the per-request ratio B / A, and how many requests got the same beams (token 
 log-probs, exactly) from both: whether a speed change left the results alone.
 
 A and B are comma-separated torch engine options, e.g. `gemm=default` vs `gemm=onednn`, `dtype=float32` vs
-`dtype=bfloat16`, `compile=true`, `quantize=int8` (an empty string: the defaults). Requests are the
+`dtype=bfloat16`, `compile=true`, `quantize=int8`; microbench's `--dtype` is the dtype of a side that names
+none (an empty string: that dtype and the engine's defaults). Requests are the
 synthetic unconstrained beam requests of `workbench/engines/workloads.py`, one at a time (unloaded).
 """
 
@@ -21,11 +22,13 @@ import sys
 import time
 from pathlib import Path
 
+from workbench.engines.torch_onednn import GEMM_MODES
+from workbench.engines.torch_options import QUANTIZE_MODES
 from workbench.engines.workloads import SyntheticWorkload, WorkloadShape
 from workbench.errors import UsageError
 
-OPTIONS = {"dtype": ("float32", "bfloat16", "auto"), "gemm": ("auto", "default", "onednn"),
-           "compile": ("true", "false"), "quantize": ("int8",)}
+OPTIONS = {"dtype": ("float32", "bfloat16", "auto"), "gemm": GEMM_MODES, "compile": ("true", "false"),
+           "quantize": QUANTIZE_MODES}
 
 
 def parse_options(text: str) -> dict:
@@ -47,9 +50,9 @@ def _quartiles(xs: list[float]) -> tuple[float, float, float]:
 
 def run_ab(checkpoint: Path, a: dict, b: dict, *, prompt_len: int, beam: int, new_tokens: int, requests: int,
            device: str = "cpu") -> dict:
-    """Time `requests` beam requests on engine A and engine B alternately; print the paired result and its JSON."""
+    """Time `requests` beam requests on engine A and engine B alternately; print the paired result and its JSON.
+    `a`, `b`: create_engine options (its defaults where absent; dtype "auto" resolved there)."""
     from workbench.engines.registry import create_engine
-    from workbench.hardware import resolve_dtype
 
     shape = WorkloadShape("beam_search", prompt_tokens=prompt_len, beam_width=beam, max_new_tokens=new_tokens,
                           constrained=False)
@@ -57,8 +60,6 @@ def run_ab(checkpoint: Path, a: dict, b: dict, *, prompt_len: int, beam: int, ne
     engines = {}
     try:
         for side, opts in (("A", a), ("B", b)):
-            opts = {"dtype": "float32", **opts}
-            opts["dtype"] = resolve_dtype(opts["dtype"])
             engines[side] = create_engine("torch", checkpoint, device=device, **opts)
 
         def timed(side: str, req) -> tuple[float, list]:

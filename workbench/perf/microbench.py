@@ -156,8 +156,9 @@ def main(argv=None) -> int:
 
         if options:
             raise UsageError("with --ab, give --compile / --quantize inside A or B (compile=true, quantize=int8)")
-
-        a, b = (parse_options(x) for x in args.ab)
+        if args.dtype == "both":
+            raise UsageError("--dtype both is for --floor; with --ab give each side's dtype inside A or B")
+        a, b = ({"dtype": args.dtype} | parse_options(x) for x in args.ab)  # --dtype: a side's unless it sets one
         print(f"cpu: {cpu_line}; threads {torch.get_num_threads()}", file=sys.stderr)
         with tempfile.TemporaryDirectory() as tmp:
             ck = Path(args.checkpoint) if args.checkpoint else build_checkpoint(args.model, args.new_tokens,
