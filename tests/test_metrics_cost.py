@@ -72,6 +72,22 @@ def test_saturation_is_highest_achieved_rate_inside_slo_without_failures():
     assert not metrics.point_holds(point(3.0, 20, offered=6.0), 100)
 
 
+def test_saturation_ceiling_is_the_lowest_broken_rate_above_saturation():
+    # a grid 1, 2, 4 (broke), then its midpoint 2.83 (held): saturation 2.8, bracketed by the point at 4
+    grid = [point(1.0, 50), point(2.0, 60), point(3.1, 150, offered=4.0), point(2.8, 70, offered=2.83)]
+    assert metrics.saturation_qps(grid, slo_ms=100) == 2.8
+    assert metrics.saturation_ceiling(grid, slo_ms=100) == 4.0
+    # a broken point below saturation (noise) bounds nothing; a higher broken one does, the lowest of them
+    noisy = [point(1.0, 150), point(2.0, 60), point(7.0, 300, offered=8.0), point(3.5, 120, offered=4.0)]
+    assert metrics.saturation_ceiling(noisy, slo_ms=100) == 4.0
+    # a failure breaks a point inside the SLO; every point held: no bound above; nothing inside: no bracket
+    assert metrics.saturation_ceiling([point(1.0, 50), point(2.0, 60, failures=1)], slo_ms=100) == 2.0
+    assert metrics.saturation_ceiling([point(1.0, 50), point(2.0, 60)], slo_ms=100) is None
+    assert metrics.saturation_ceiling([point(1.0, 200)], slo_ms=100) is None
+    # saturation inside the SLO only by falling behind its offered rate: that rate bounds it
+    assert metrics.saturation_ceiling([point(1.0, 50), point(3.0, 20, offered=6.0)], slo_ms=100) == 6.0
+
+
 def test_default_slo_and_metric_names():
     assert metrics.default_slo_ms(20.0) == 100.0
     with pytest.raises(ValueError, match="load.slo_ms"):

@@ -85,6 +85,7 @@ OFFERED_RATE = "load/offered_qps"
 FAILURES = "load/failures"
 GOODPUT = "load/goodput_qps"
 SATURATION_QPS = "load/saturation_qps"
+SATURATION_CEILING = "load/saturation_ceiling_qps"  # the grid's bracket above it (metrics.saturation_ceiling)
 CLIENT_CPU = "load/client_cpu_share"
 COST_PER_1M = "cost/usd_per_1m_requests"
 COST_RELATIVE = "cost/relative_to_reference"

@@ -5,6 +5,11 @@ The saturation QPS is defined here, once, for the whole workbench:
     the highest ACHIEVED request rate among the rate points whose p99 end-to-end latency is
     inside the SLO and that had no failures.
 
+The grid of rates resolves it only so far: the true rate at which p99 meets the SLO lies between the
+saturation QPS and the lowest offered rate above it whose point broke (`saturation_ceiling`; none where
+every point above held or none ran). Two sweeps' saturation QPS (a ratio of two engines, a rerun) are
+compared with these brackets: a ratio of 1.3x from a grid of 1.4x steps does not decide.
+
 The SLO defaults to `DEFAULT_SLO_MULTIPLE` (5x) the reference engine's unloaded p50 (requests sent
 one at a time), and every run states the SLO it used. Percentiles use numpy's linear interpolation
 over the successful requests of a point; failures are counted separately (a point with any failure
@@ -150,6 +155,21 @@ def saturation_qps(points: Iterable[PointMetrics], slo_ms: float) -> float | Non
     """The highest achieved rate among points inside the SLO with no failures; None if no point qualifies."""
     ok = [p.achieved_qps for p in points if within_slo(p, slo_ms)]
     return max(ok) if ok else None
+
+
+def saturation_ceiling(points: Iterable[PointMetrics], slo_ms: float) -> float | None:
+    """The lowest offered rate, from the saturation point's own up, whose point did not hold (outside the SLO, a
+    failure, or the engine not keeping up with it: `point_holds`; the saturation point itself counts where it
+    achieved its rate inside the SLO only by falling behind the offered one). None where no such point ran
+    (this sweep puts no bound above) or nothing is inside the SLO. The bracket [saturation_qps, this) is the
+    grid's resolution, not a confidence interval: a rerun of a point can land on either side of the SLO."""
+    pts = list(points)
+    inside = [p for p in pts if within_slo(p, slo_ms)]
+    if not inside:
+        return None
+    at = max(inside, key=lambda p: p.achieved_qps).offered_qps
+    above = [p.offered_qps for p in pts if p.offered_qps >= at and not point_holds(p, slo_ms)]
+    return min(above) if above else None
 
 
 def default_slo_ms(reference_unloaded_p50_ms: float, multiple: float = DEFAULT_SLO_MULTIPLE) -> float:
