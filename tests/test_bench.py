@@ -68,7 +68,8 @@ def test_sweep_torch_engine_logged(bench_checkpoint, store):
     p99 = {h.step: h.value for h in store.get_metric_history(child.run_id, names.E2E_P99)}
     assert p99[0] > 0 and p99[1] > 0
     assert m["load/slo_ms"] == pytest.approx(res.slo_ms)
-    assert m.get(names.SATURATION_CEILING) == child.saturation_ceiling_qps  # logged where a point above broke
+    assert child.grid_held_qps in (4.0, 12.0, None) and child.grid_broke_qps in (12.0, 4.0, None)  # offered rates
+    assert (m.get(names.GRID_HELD), m.get(names.GRID_BROKE)) == (child.grid_held_qps, child.grid_broke_qps)
     recs = _csv(store, child.run_id, "records.csv")
     assert len(recs) == 2 + 3 + 32  # warm-up + unloaded + 2 points, every one recorded
     assert {r["phase"] for r in recs} == {"warmup", "unloaded", "load"}

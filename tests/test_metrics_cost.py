@@ -72,20 +72,22 @@ def test_saturation_is_highest_achieved_rate_inside_slo_without_failures():
     assert not metrics.point_holds(point(3.0, 20, offered=6.0), 100)
 
 
-def test_saturation_ceiling_is_the_lowest_broken_rate_above_saturation():
-    # a grid 1, 2, 4 (broke), then its midpoint 2.83 (held): saturation 2.8, bracketed by the point at 4
+def test_grid_bracket_is_the_highest_held_and_the_lowest_broken_offered_rate_above_it():
+    # a grid 1, 2, 4 (broke), then its midpoint 2.83 (held): the sweep ended between 2.83 and 4 offered
     grid = [point(1.0, 50), point(2.0, 60), point(3.1, 150, offered=4.0), point(2.8, 70, offered=2.83)]
-    assert metrics.saturation_qps(grid, slo_ms=100) == 2.8
-    assert metrics.saturation_ceiling(grid, slo_ms=100) == 4.0
-    # a broken point below saturation (noise) bounds nothing; a higher broken one does, the lowest of them
+    assert metrics.grid_bracket(grid, slo_ms=100) == (2.83, 4.0)
+    # a broken rate below a held one (noise) bounds nothing; the lowest broken rate above does
     noisy = [point(1.0, 150), point(2.0, 60), point(7.0, 300, offered=8.0), point(3.5, 120, offered=4.0)]
-    assert metrics.saturation_ceiling(noisy, slo_ms=100) == 4.0
-    # a failure breaks a point inside the SLO; every point held: no bound above; nothing inside: no bracket
-    assert metrics.saturation_ceiling([point(1.0, 50), point(2.0, 60, failures=1)], slo_ms=100) == 2.0
-    assert metrics.saturation_ceiling([point(1.0, 50), point(2.0, 60)], slo_ms=100) is None
-    assert metrics.saturation_ceiling([point(1.0, 200)], slo_ms=100) is None
-    # saturation inside the SLO only by falling behind its offered rate: that rate bounds it
-    assert metrics.saturation_ceiling([point(1.0, 50), point(3.0, 20, offered=6.0)], slo_ms=100) == 6.0
+    assert metrics.grid_bracket(noisy, slo_ms=100) == (2.0, 4.0)
+    # a failure, or an engine inside the SLO that fell behind its offered rate, breaks a point
+    assert metrics.grid_bracket([point(1.0, 50), point(2.0, 60, failures=1)], slo_ms=100) == (1.0, 2.0)
+    assert metrics.grid_bracket([point(1.0, 50), point(3.0, 20, offered=6.0)], slo_ms=100) == (1.0, 6.0)
+    # the saturation QPS is achieved, the bracket offered: more requests arriving than offered put it above both
+    lucky = [point(1.0, 50), point(2.9, 90, offered=2.6), point(2.6, 150, offered=2.8)]
+    assert metrics.saturation_qps(lucky, slo_ms=100) == 2.9 and metrics.grid_bracket(lucky, slo_ms=100) == (2.6, 2.8)
+    # every point held: no bound above; none held: none below
+    assert metrics.grid_bracket([point(1.0, 50), point(2.0, 60)], slo_ms=100) == (2.0, None)
+    assert metrics.grid_bracket([point(1.0, 200), point(0.5, 150)], slo_ms=100) == (None, 0.5)
 
 
 def test_default_slo_and_metric_names():

@@ -85,7 +85,9 @@ OFFERED_RATE = "load/offered_qps"
 FAILURES = "load/failures"
 GOODPUT = "load/goodput_qps"
 SATURATION_QPS = "load/saturation_qps"
-SATURATION_CEILING = "load/saturation_ceiling_qps"  # the grid's bracket above it (metrics.saturation_ceiling)
+# the offered rates the sweep's grid ended between: the highest that held, the lowest above it that broke
+GRID_HELD = "load/grid_held_offered_qps"
+GRID_BROKE = "load/grid_broke_offered_qps"
 CLIENT_CPU = "load/client_cpu_share"
 COST_PER_1M = "cost/usd_per_1m_requests"
 COST_RELATIVE = "cost/relative_to_reference"

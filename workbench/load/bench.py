@@ -43,7 +43,7 @@ from workbench.load.sources import StudySource, resolve_checkpoint
 from workbench.sync import run_sync
 from workbench.load.loadgen import TIMEOUT_ERROR, SweepSettings, measure_unloaded, records_table, run_sweep, warm_up
 from workbench.load.metrics import (
-    SLO_MS, UNLOADED_P50, UNLOADED_P99, PointMetrics, default_slo_ms, percentile, points_table, saturation_ceiling, saturation_qps,
+    SLO_MS, UNLOADED_P50, UNLOADED_P99, PointMetrics, default_slo_ms, grid_bracket, percentile, points_table, saturation_qps,
     summarize_point,
 )  # fmt: skip
 
@@ -71,7 +71,9 @@ class ChildResult:
     unloaded_p50_ms: float = float("nan")
     points: list[PointMetrics] = field(default_factory=list)
     saturation_qps: float | None = None
-    saturation_ceiling_qps: float | None = None  # the lowest offered rate above it that broke (None: unbounded)
+    # the offered rates the grid ended between (metrics.grid_bracket): held, and broke above it (None: no such point)
+    grid_held_qps: float | None = None
+    grid_broke_qps: float | None = None
     usd_per_1m: float = float("inf")
     relative_cost: float = float("nan")
     relative_cost_method: float = float("nan")  # vs cost.reference_method's checkpoint, same engine
@@ -337,7 +339,7 @@ def _child(parent, cfg: SweepConfig, entry: EngineEntry, checkpoint: Path, slo: 
             h.log_table(records_table(records), "records.csv")
             h.log_table(points_table(child.points), "points.csv")
             child.saturation_qps = saturation_qps(child.points, slo.ms)
-            child.saturation_ceiling_qps = saturation_ceiling(child.points, slo.ms)
+            child.grid_held_qps, child.grid_broke_qps = grid_bracket(child.points, slo.ms)
             child.usd_per_1m = usd_per_million(cfg.cost.usd_per_hour, child.saturation_qps)
             child.relative_cost = _against(reference_cost, str(checkpoint), entry.name == cfg.cost.reference_engine,
                                            child.usd_per_1m)
@@ -347,7 +349,8 @@ def _child(parent, cfg: SweepConfig, entry: EngineEntry, checkpoint: Path, slo: 
             child.client_cpu_share_max = max((p.client_cpu_share for p in child.points), default=float("nan"))
             h.log_metrics({
                 names.SATURATION_QPS: child.saturation_qps if child.saturation_qps is not None else 0.0,
-                **({} if child.saturation_ceiling_qps is None else {names.SATURATION_CEILING: child.saturation_ceiling_qps}),
+                **{k: v for k, v in ((names.GRID_HELD, child.grid_held_qps), (names.GRID_BROKE, child.grid_broke_qps))
+                   if v is not None},
                 names.COST_PER_1M: child.usd_per_1m, names.COST_RELATIVE: child.relative_cost,
                 names.COST_RELATIVE_METHOD: child.relative_cost_method,
                 "load/client_cpu_share_max": child.client_cpu_share_max,
@@ -475,9 +478,9 @@ def _print_summary(result: BenchResult, cfg: SweepConfig) -> None:
             print(f"  {c.series:12s} {c.method:12s} FAILED: {c.error[:160]}", file=sys.stderr)
             continue
         sat = "none inside SLO" if c.saturation_qps is None else f"{c.saturation_qps:.3f} req/s"
-        if c.saturation_qps is not None:
-            sat += (" (no point above it broke)" if c.saturation_ceiling_qps is None
-                    else f" (a point at {c.saturation_ceiling_qps:.3g} broke)")
+        held = "none" if c.grid_held_qps is None else f"{c.grid_held_qps:.3g}"
+        broke = "none" if c.grid_broke_qps is None else f"{c.grid_broke_qps:.3g}"
+        sat += f" (offered: held {held}, broke {broke})"
         rel = "" if not math.isfinite(c.relative_cost) else f" ({c.relative_cost:+.0%} vs {cfg.cost.reference_engine})"
         if math.isfinite(c.relative_cost_method):
             rel += f" ({c.relative_cost_method:+.0%} vs {cfg.cost.reference_method})"

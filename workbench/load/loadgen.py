@@ -36,6 +36,7 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from workbench.engines.base import BeamSearchRequest, ScoreRequest
+from workbench.load.metrics import bracket, point_holds, summarize_point
 
 Request = BeamSearchRequest | ScoreRequest
 
@@ -300,17 +301,11 @@ def next_adaptive_rate(history: Sequence[tuple[float, bool]], first_rate: float,
         return None
     if not history:
         return first_rate
-    held = [r for r, ok in history if ok]
-    broke = [r for r, ok in history if not ok]
-    if not broke:
-        return max(held) * factor
-    if not held:
-        return min(broke) / factor
-    lo = max(held)
-    above = [r for r in broke if r > lo]
-    if not above:  # a lower rate broke but a higher one held (noise): keep probing upward
+    lo, hi = bracket(history)
+    if lo is None:
+        return min(r for r, _ in history) / factor
+    if hi is None:  # every rate held, or only rates below a higher held one broke (noise): keep probing upward
         return lo * factor
-    hi = min(above)
     if hi / lo <= resolution:
         return None
     return math.sqrt(lo * hi)
@@ -320,8 +315,6 @@ async def run_sweep(engine, source: RequestSource, settings: SweepSettings, *, s
                     first_index: int = 0,
                     on_point: Callable[[int, PointResult], None] | None = None) -> list[PointResult]:
     """Run the rate points (fixed `settings.rates` or the adaptive grid); `on_point` sees each as it ends."""
-    from workbench.load.metrics import point_holds, summarize_point
-
     points: list[PointResult] = []
     history: list[tuple[float, bool]] = []
     fixed = list(settings.rates) if settings.rates else None

@@ -5,10 +5,11 @@ The saturation QPS is defined here, once, for the whole workbench:
     the highest ACHIEVED request rate among the rate points whose p99 end-to-end latency is
     inside the SLO and that had no failures.
 
-The grid of rates resolves it only so far: the true rate at which p99 meets the SLO lies between the
-saturation QPS and the lowest offered rate above it whose point broke (`saturation_ceiling`; none where
-every point above held or none ran). Two sweeps' saturation QPS (a ratio of two engines, a rerun) are
-compared with these brackets: a ratio of 1.3x from a grid of 1.4x steps does not decide.
+The grid of rates resolves it only so far. `grid_bracket` gives the offered rates the grid ended between: the
+highest whose point held and the lowest above it whose point broke. The saturation QPS is an *achieved* rate and
+carries the arrivals' randomness on top (60 Poisson arrivals: about +-13% around the offered rate), so it may even
+lie above the rate that broke. Two sweeps (a ratio of two engines, a rerun) differ decisively only where their
+brackets do not overlap: a ratio of 1.3x read off a grid of 1.4x steps decides nothing.
 
 The SLO defaults to `DEFAULT_SLO_MULTIPLE` (5x) the reference engine's unloaded p50 (requests sent
 one at a time), and every run states the SLO it used. Percentiles use numpy's linear interpolation
@@ -157,19 +158,21 @@ def saturation_qps(points: Iterable[PointMetrics], slo_ms: float) -> float | Non
     return max(ok) if ok else None
 
 
-def saturation_ceiling(points: Iterable[PointMetrics], slo_ms: float) -> float | None:
-    """The lowest offered rate, from the saturation point's own up, whose point did not hold (outside the SLO, a
-    failure, or the engine not keeping up with it: `point_holds`; the saturation point itself counts where it
-    achieved its rate inside the SLO only by falling behind the offered one). None where no such point ran
-    (this sweep puts no bound above) or nothing is inside the SLO. The bracket [saturation_qps, this) is the
-    grid's resolution, not a confidence interval: a rerun of a point can land on either side of the SLO."""
-    pts = list(points)
-    inside = [p for p in pts if within_slo(p, slo_ms)]
-    if not inside:
-        return None
-    at = max(inside, key=lambda p: p.achieved_qps).offered_qps
-    above = [p.offered_qps for p in pts if p.offered_qps >= at and not point_holds(p, slo_ms)]
-    return min(above) if above else None
+def bracket(history: Iterable[tuple[float, bool]]) -> tuple[float | None, float | None]:
+    """(lo, hi) of (offered rate, held) pairs: the highest rate that held and the lowest rate above it that did not
+    (None where no rate held, or none above it broke). The adaptive grid bisects this pair (loadgen)."""
+    hist = list(history)
+    held = [r for r, ok in hist if ok]
+    lo = max(held) if held else None
+    broke = [r for r, ok in hist if not ok and (lo is None or r > lo)]
+    return lo, (min(broke) if broke else None)
+
+
+def grid_bracket(points: Iterable[PointMetrics], slo_ms: float) -> tuple[float | None, float | None]:
+    """The offered rates a sweep ended between: the highest whose point held (`point_holds`: inside the SLO, no
+    failure, the engine kept up) and the lowest above it whose point did not. The grid's resolution, not a
+    confidence interval: a rerun of a point can land on either side of the SLO."""
+    return bracket((p.offered_qps, point_holds(p, slo_ms)) for p in points)
 
 
 def default_slo_ms(reference_unloaded_p50_ms: float, multiple: float = DEFAULT_SLO_MULTIPLE) -> float:

@@ -201,7 +201,7 @@ def _summary_row(r) -> dict:
         "transport": t.get(names.TAG_TRANSPORT), "status": r.info.status, "run_id": r.info.run_id,
         "unloaded_p50_ms": m.get("latency/unloaded_p50_ms", math.nan), "slo_ms": m.get("load/slo_ms", math.nan),
         "saturation_qps": sat if sat else math.nan,
-        "saturation_ceiling_qps": m.get(names.SATURATION_CEILING, math.nan),  # NaN: no point above it broke
+        "grid_held_qps": m.get(names.GRID_HELD, math.nan), "grid_broke_qps": m.get(names.GRID_BROKE, math.nan),
         "usd_per_1m": m.get(names.COST_PER_1M, math.inf), "relative_cost": m.get(names.COST_RELATIVE, math.nan),
         "relative_cost_method": m.get(names.COST_RELATIVE_METHOD, math.nan),
         "client_cpu_share_max": m.get("load/client_cpu_share_max", math.nan),
@@ -351,7 +351,7 @@ nav ul{font-size:14px}code{overflow-wrap:anywhere}
 """
 
 _SUMMARY_COLS = ["series", "method", "workload", "mode", "dtype", "transport", "unloaded_p50_ms", "slo_ms",
-                 "saturation_qps", "saturation_ceiling_qps", "usd_per_1m", "relative_cost", "relative_cost_method",
+                 "saturation_qps", "grid_held_qps", "grid_broke_qps", "usd_per_1m", "relative_cost", "relative_cost_method",
                  "client_cpu_share_max", "status"]  # fmt: skip
 _TALL = 15  # rows above which a table also scrolls vertically
 
@@ -459,9 +459,10 @@ def _frame_of(rows: list[dict]):
 def _load_html(study: Study, draw: _Figures) -> list[str]:
     parts = ["<h2 id='load'>Load sweeps</h2>",
              "<p class='note'>Saturation QPS = the highest achieved rate whose p99 is inside the SLO with no failures; "
-             "the rate grid resolves it only up to saturation_ceiling_qps, the lowest offered rate above it whose point "
-             "broke (empty: none above it broke), so two series' saturation QPS differ decisively only where their "
-             "brackets do not overlap; "
+             "the rate grid resolves it only to the offered rates it ended between, grid_held_qps (the highest whose "
+             "point held) and grid_broke_qps (the lowest above it that broke; empty: none), and an achieved rate also "
+             "carries the arrivals' randomness, so two series differ decisively only where those brackets do not "
+             "overlap; "
              "$ per 1M = hourly price / (saturation QPS x 3600) x 1e6. A series is one run, named by every tag that "
              "tells it apart from the others.</p>", "<h3 id='load-summary'>Summary</h3>",
              _table(keyed(study.summary), _SUMMARY_COLS)]  # fmt: skip
