@@ -193,7 +193,8 @@ def test_rope_equals_hf_bit_for_bit(checkpoints, dtype):
             q = (torch.randn(n, lm.n_heads, lm.head_dim, generator=g) * 3).to(lm.dtype)
             k = (torch.randn(n, lm.n_kv, lm.head_dim, generator=g) * 3).to(lm.dtype)
             cos, sin = lm.rope(positions)
-            got_q, got_k = EAGER_OPS.qk_norm_rope(q, k, None, None, cos, sin, lm.eps)
+            got = EAGER_OPS.qk_norm_rope(torch.cat([q, k], dim=1), None, cos, sin, lm.eps)
+            got_q, got_k = got[:, : lm.n_heads], got[:, lm.n_heads :]
             hcos, hsin = hf.model.rotary_emb(q[None], positions[None])  # [1, n, D] in the model's dtype
             want_q, want_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
                                                   hcos.to(lm.dtype), hsin.to(lm.dtype))
@@ -463,7 +464,7 @@ def test_onednn_layers_are_float32_gemms():
     def r(*shape):
         return torch.randn(*shape, generator=g)
 
-    lw = LayerWeights(ln1=r(64), wqkv=r(96, 64), bqkv=r(96), q_norm=None, k_norm=None, wo=r(64, 32), bo=r(64),
+    lw = LayerWeights(ln1=r(64), wqkv=r(96, 64), bqkv=r(96), qk_norm=None, wo=r(64, 32), bo=r(64),
                       ln2=r(64), w_gate_up=r(80, 64), w_down=r(64, 40))
     plain = {"wqkv": (lw.wqkv, lw.bqkv), "wo": (lw.wo, lw.bo), "w_gate_up": (lw.w_gate_up, None),
              "w_down": (lw.w_down, None)}
@@ -493,7 +494,7 @@ def test_onednn_bfloat16_layers_equal_f_linear(checkpoints):
     def r(*shape):
         return torch.randn(*shape, generator=g).bfloat16()
 
-    lw = LayerWeights(ln1=r(64), wqkv=r(96, 64), bqkv=r(96), q_norm=None, k_norm=None, wo=r(64, 32), bo=r(64),
+    lw = LayerWeights(ln1=r(64), wqkv=r(96, 64), bqkv=r(96), qk_norm=None, wo=r(64, 32), bo=r(64),
                       ln2=r(64), w_gate_up=r(80, 64), w_down=r(64, 40))
     plain = {"wqkv": (lw.wqkv, lw.bqkv), "wo": (lw.wo, lw.bo), "w_gate_up": (lw.w_gate_up, None),
              "w_down": (lw.w_down, None)}

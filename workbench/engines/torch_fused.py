@@ -3,7 +3,7 @@
 What is compiled: the three pure functions of `torch_model.LayerOps` (q/k RMSNorm + RoPE on the qkv
 GEMM's output, residual add + the next RMSNorm, silu(gate) * up), each with the inductor backend
 (C++ kernels on CPU, built with the system compiler). Each call then runs one fused loop instead of
-~5-25 eager kernels with their float32 round trips. The GEMMs (`torch_model.linear`, with its batch
+~2-12 eager kernels with their float32 round trips. The GEMMs (`torch_model.linear`, with its batch
 invariance padding) and the attention stay eager: BLAS / SDPA already run them as single kernels.
 
 Shapes: only the row count varies between forwards (prompt tokens + beams + candidates); the
@@ -40,7 +40,7 @@ import warnings
 import torch
 from torch import Tensor
 
-from workbench.engines.torch_model import EAGER_OPS, FastLM, LayerOps, PrefillSegment
+from workbench.engines.torch_model import EAGER_OPS, ROW_ARGS, FastLM, LayerOps, PrefillSegment
 
 # Every model shape and dtype a process compiles adds graphs to the same functions' caches (2 each: rows >= 2
 # and 1 row). torch's default limit (8) would silently fall back to eager after a few engines in one process
@@ -76,7 +76,7 @@ def _warm_up(lm: FastLM, ops: LayerOps) -> None:
     then a shared-prompt forward of one row (the 1-row kernels)."""
     from workbench.engines.torch_search import KVLayout, pad_prompt_kv, score_segment
 
-    lm.ops = LayerOps(*(_rows_dynamic(f) for f in ops))
+    lm.ops = LayerOps(*(_rows_dynamic(f, rows) for f, rows in zip(ops, ROW_ARGS)))
     x = torch.randn(5, lm.hidden, dtype=lm.dtype, device=lm.device)
     seg = PrefillSegment([2, 3])
     lm.forward(x, [seg])
@@ -87,14 +87,15 @@ def _warm_up(lm: FastLM, ops: LayerOps) -> None:
     lm.forward(x[:1], [shared])
 
 
-def _rows_dynamic(fn):
-    """`fn` with dim 0 (the rows) of every row tensor argument (2-D and up; the norm weights are 1-D)
-    marked dynamic before the call: only during the warm-up, the compiled graphs then accept any rows."""
+def _rows_dynamic(fn, rows: tuple[int, ...]):
+    """`fn` with dim 0 of its row arguments (positions `rows`, torch_model.ROW_ARGS; not the weights, whose
+    first dim is heads or hidden) marked dynamic before the call: only during the warm-up, the compiled graphs
+    then accept any rows."""
 
     def call(*args):
-        for a in args:
-            if isinstance(a, Tensor) and a.dim() > 1 and a.shape[0] > 1:
-                torch._dynamo.mark_dynamic(a, 0)
+        for i in rows:
+            if args[i].shape[0] > 1:
+                torch._dynamo.mark_dynamic(args[i], 0)
         return fn(*args)
 
     return call

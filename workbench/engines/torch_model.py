@@ -95,17 +95,18 @@ def swap_halves(x: Tensor) -> Tensor:
 
 
 # ---- the elementwise work of a layer: pure functions, so torch.compile can fuse each (torch_fused.py) ----
-def qk_norm_rope(q: Tensor, k: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, cos: Tensor, sin: Tensor,
-                 eps: float) -> tuple[Tensor, Tensor]:
-    """q [N, H, D], k [N, Hkv, D] (views of the qkv GEMM's output) -> RoPE(q/k-norm(q)), RoPE(q/k-norm(k)).
+def qk_norm_rope(qk: Tensor, qk_norm: Tensor | None, cos: Tensor, sin: Tensor, eps: float) -> Tensor:
+    """qk [N, H + Hkv, D] (the q and k heads of the qkv GEMM's output, one view) -> RoPE(q/k-norm(qk)).
 
+    q and k in one pass: `qk_norm` [H + Hkv, D] holds the q-norm weight for each query head and the k-norm
+    weight for each KV head (`LayerWeights.qk_norm`), so each op runs once per layer, not twice (half the ops of
+    a 30-row decode step's norm and RoPE), on the same values: the norm reduces over D per head either way.
     `sin` is `FastLM.rope`'s, its first half negated, so HF's q * cos + rotate_half(q) * sin is q * cos +
-    swap_halves(q) * sin here: one op less per tensor (rotate_half's negation), the same results bit for bit
+    swap_halves(q) * sin here: one op less (rotate_half's negation), the same results bit for bit
     ((-a) * b == a * (-b) in IEEE arithmetic)."""
-    if q_norm is not None:
-        q = rms_norm(q, q_norm, eps)
-        k = rms_norm(k, k_norm, eps)
-    return q * cos + swap_halves(q) * sin, k * cos + swap_halves(k) * sin
+    if qk_norm is not None:
+        qk = rms_norm(qk, qk_norm, eps)
+    return qk * cos + swap_halves(qk) * sin
 
 
 def add_norm(x: Tensor, y: Tensor, w: Tensor, eps: float) -> tuple[Tensor, Tensor]:
@@ -165,12 +166,15 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, block: int =
 class LayerOps(NamedTuple):
     """The elementwise work between a layer's GEMMs and its attention: eager, or compiled (torch_fused.py)."""
 
-    qk_norm_rope: Callable[..., tuple[Tensor, Tensor]]
+    qk_norm_rope: Callable[..., Tensor]
     add_norm: Callable[..., tuple[Tensor, Tensor]]
     silu_mul: Callable[[Tensor], Tensor]
 
 
 EAGER_OPS = LayerOps(qk_norm_rope, add_norm, silu_mul)
+# Which arguments of each op have one entry per token row (the dimension that varies between forwards; the
+# others are weights and eps): torch_fused marks exactly these dynamic.
+ROW_ARGS = LayerOps((0, 2, 3), (0, 1), (0,))
 
 
 @dataclass
@@ -179,8 +183,7 @@ class LayerWeights:
     # the GEMM weights are Tensors, or torch_int8.Int8Linear (bias packed in, b* None) with quantize="int8"
     wqkv: Tensor  # [(H + 2 Hkv) D, hidden]
     bqkv: Tensor | None
-    q_norm: Tensor | None
-    k_norm: Tensor | None
+    qk_norm: Tensor | None  # [H + Hkv, D]: the q-norm weight per query head, then the k-norm weight per KV head
     wo: Tensor
     bo: Tensor | None
     ln2: Tensor
@@ -334,8 +337,8 @@ class FastLM:
                     ln1=t(layer.input_layernorm.weight),
                     wqkv=t(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])),
                     bqkv=None if bias is None else t(torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])),
-                    q_norm=t(a.q_norm.weight) if hasattr(a, "q_norm") else None,
-                    k_norm=t(a.k_norm.weight) if hasattr(a, "k_norm") else None,
+                    qk_norm=t(torch.cat([a.q_norm.weight.expand(self.n_heads, -1),
+                                         a.k_norm.weight.expand(self.n_kv, -1)])) if hasattr(a, "q_norm") else None,
                     wo=t(a.o_proj.weight),
                     bo=t(a.o_proj.bias),
                     ln2=t(layer.post_attention_layernorm.weight),
@@ -381,7 +384,9 @@ class FastLM:
     def _count_params(self) -> int:
         n = self.embed.numel() + self.norm.numel() + self.lm_head.numel()
         for lw in self.layers:
-            n += sum(x.numel() for x in vars(lw).values() if isinstance(x, Tensor))
+            n += sum(x.numel() for k, x in vars(lw).items() if isinstance(x, Tensor) and k != "qk_norm")
+            if lw.qk_norm is not None:  # the model's q_norm and k_norm, [D] each (repeated per head here)
+                n += 2 * self.head_dim
         return n
 
     def kv_bytes_per_token(self) -> int:
@@ -431,10 +436,9 @@ class FastLM:
         h = rms_norm(x, self.layers[0].ln1, eps)
         for li, lw in enumerate(self.layers):
             qkv = linear(h, lw.wqkv, lw.bqkv, blocked=blocked)
-            q = qkv[:, : H * D].view(-1, H, D)
-            k = qkv[:, H * D : (H + Hkv) * D].view(-1, Hkv, D)
+            qk = ops.qk_norm_rope(qkv[:, : (H + Hkv) * D].view(-1, H + Hkv, D), lw.qk_norm, cos, sin, eps)
+            q, k = qk[:, :H], qk[:, H:]
             v = qkv[:, (H + Hkv) * D :].view(-1, Hkv, D)
-            q, k = ops.qk_norm_rope(q, k, lw.q_norm, lw.k_norm, cos, sin, eps)
             outs, off = [], 0
             for seg in segments:
                 n = seg.n_rows
@@ -464,8 +468,10 @@ class FastLM:
         outs, kvs, off = [], [], 0
         for L in seg.lengths:
             qp, kp, vp = (z[off : off + L].transpose(0, 1) for z in (q, k, v))  # [heads, L, D]
+            # the prompt's own K/V (read once per query block below; kept as its KV cache, so not as views that
+            # would keep this forward's whole q|k and qkv outputs alive)
+            kp, vp = kp.contiguous(), vp.contiguous()
             if self.device.type == "cpu" and L >= BLOCKED_MIN_LEN:
-                kp, vp = kp.contiguous(), vp.contiguous()  # read once per query block
                 o = causal_attention(qp, kp, vp, self.scale).view(H, L, D)
             else:
                 o = F.scaled_dot_product_attention(

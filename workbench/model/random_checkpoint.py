@@ -7,7 +7,8 @@ build their models here. `make_random_checkpoint` writes a complete checkpoint (
 projector + catalog + workbench.json) for a small Qwen3 or Llama config. Its output layer is scaled
 by `peak` so that next-token distributions are peaked and beam order is never decided by ties at
 1e-6; its other weights use a larger init than HF's default so outputs depend on the context (a
-model that ignores its prompt would make parity and soft-token tests pass vacuously).
+model that ignores its prompt would make parity and soft-token tests pass vacuously), and its RMSNorm weights
+differ from one another (all ones would hide a norm applied in another's place).
 
 A size's name is its non-embedding parameter count (layers and norms, what sets the compute per
 token); the total adds 2 x hidden x vocab for the embedding and output layer, so it depends on the
@@ -147,6 +148,12 @@ def make_random_checkpoint(path, arch: str = "qwen3", n_items: int = 200, levels
         w.copy_(torch.randn_like(w) * (peak / hidden_size**0.5))
         emb = model.get_input_embeddings().weight
         emb.copy_(torch.randn_like(emb))
+        # RMSNorm weights drawn around 1, not HF's all-ones: with equal weights everywhere an engine that applies
+        # one norm's weight in another's place (q-norm for k-norm, the input norm for the post-attention one)
+        # computes the same numbers and every parity test passes anyway.
+        for mod in model.modules():
+            if type(mod).__name__.endswith("RMSNorm"):
+                mod.weight.uniform_(0.5, 1.5)
     model.generation_config.eos_token_id = None
     model.generation_config.bos_token_id = None
     projector = None
