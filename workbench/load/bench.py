@@ -43,8 +43,8 @@ from workbench.load.sources import StudySource, resolve_checkpoint
 from workbench.sync import run_sync
 from workbench.load.loadgen import TIMEOUT_ERROR, SweepSettings, measure_unloaded, records_table, run_sweep, warm_up
 from workbench.load.metrics import (
-    SLO_MS, UNLOADED_P50, UNLOADED_P99, PointMetrics, default_slo_ms, grid_bracket, percentile, points_table, saturation_qps,
-    summarize_point,
+    SLO_MS, UNLOADED_P50, UNLOADED_P99, PointMetrics, default_slo_ms, grid_bracket, percentile, points_table,
+    saturation_qps, summarize_point,
 )  # fmt: skip
 
 INPROCESS_ENGINES = ("torch", "hf")  # engines `workbench serve` can front

@@ -351,8 +351,8 @@ nav ul{font-size:14px}code{overflow-wrap:anywhere}
 """
 
 _SUMMARY_COLS = ["series", "method", "workload", "mode", "dtype", "transport", "unloaded_p50_ms", "slo_ms",
-                 "saturation_qps", "grid_held_qps", "grid_broke_qps", "usd_per_1m", "relative_cost", "relative_cost_method",
-                 "client_cpu_share_max", "status"]  # fmt: skip
+                 "saturation_qps", "grid_held_qps", "grid_broke_qps", "usd_per_1m", "relative_cost",
+                 "relative_cost_method", "client_cpu_share_max", "status"]  # fmt: skip
 _TALL = 15  # rows above which a table also scrolls vertically
 
 
