@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import ConfigError, LoadConfig, section_hash
-from workbench.model.random_checkpoint import SIZES, make_random_checkpoint, random_size
+from workbench.model.random_checkpoint import SIZES, WEIGHTS_VERSION, make_random_checkpoint, random_size
 
 
 class StudySource:
@@ -79,7 +79,7 @@ def resolve_checkpoint(spec: str, load: LoadConfig, study: StudySource | None = 
         print(f"[bench] building a {spec} checkpoint in {folder}", file=sys.stderr)
         return make_random_checkpoint(folder / "checkpoint", **kw).resolve(), {"spec": spec}
 
-    return cached("bench_checkpoints", section_hash(spec, kw), build, load_ck,
+    return cached("bench_checkpoints", section_hash(spec, kw, WEIGHTS_VERSION), build, load_ck,
                   say=lambda m: print(f"[bench]{m}", file=sys.stderr))[0]
 
 

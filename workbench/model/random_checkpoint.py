@@ -124,6 +124,11 @@ def small_config(arch: str, vocab_size: int, hidden_size: int = 64, num_layers: 
     raise ValueError(f"unknown arch {arch!r}; use 'qwen3' or 'llama'")
 
 
+# Bump when the weights drawn for the same arguments change (2: RMSNorm weights drawn, 2026-12-02): the load
+# sweeps' cached random checkpoints (load/sources.py) are keyed by it and rebuilt.
+WEIGHTS_VERSION = 2
+
+
 def make_random_checkpoint(path, arch: str = "qwen3", n_items: int = 200, levels=(8, 8), hidden_size=64,
                            num_layers=2, vocab_base=300, peak: float = 8.0, soft_token: bool = True,
                            seed: int = 0, max_position_embeddings=1024, **kw) -> Path:
