@@ -197,3 +197,22 @@ def test_dtype_auto_is_resolved_and_logged(bench_checkpoint, store):
     run = store.get_run(child.run_id)
     assert run.data.tags[names.TAG_DTYPE] == want and run.data.params["dtype_requested"] == "auto"
     assert run.data.tags[names.TAG_CPU]  # the CPU the resolution was made for
+
+
+def test_random_checkpoints_are_cached_per_weights_version(data_dir, monkeypatch):
+    """`random:<size>` is built once and cached; code that draws other weights (WEIGHTS_VERSION) gets a new one.
+    The drawn RMSNorm weights differ from one another (all ones hid a norm applied in another's place)."""
+    from transformers import AutoModelForCausalLM
+
+    from workbench.config import LoadConfig
+    from workbench.load import sources
+
+    load = LoadConfig(checkpoints=["random:0.1m"], prompt_tokens=16)
+    first = sources.resolve_checkpoint("random:0.1m", load)
+    assert sources.resolve_checkpoint("random:0.1m", load) == first  # a cache hit
+    monkeypatch.setattr(sources, "WEIGHTS_VERSION", sources.WEIGHTS_VERSION + 1)
+    assert sources.resolve_checkpoint("random:0.1m", load) != first
+    model = AutoModelForCausalLM.from_pretrained(first)
+    norms = [m.weight for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
+    assert len(norms) >= 3 and all(float(w.min()) >= 0.5 and float(w.max()) <= 1.5 and float(w.std()) > 0.1
+                                   for w in norms)
