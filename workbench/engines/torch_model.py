@@ -348,7 +348,10 @@ class FastLM:
             )
             if getattr(mlp.gate_proj, "bias", None) is not None:
                 raise UnsupportedModel("MLP biases are not implemented in the torch engine; use the hf engine")
-        self._n_params = self._count_params()  # on the float weights (int8 repacks them below)
+        # the source model's own parameters (tied output layer counted again, as the forward multiplies by it);
+        # not the re-laid-out weights, whose q/k norms are repeated per head
+        self._n_params = (self.embed.numel() + self.norm.numel() + self.lm_head.numel()
+                          + sum(p.numel() for p in m.layers.parameters()))
         if quantize == "int8":
             from workbench.engines.torch_int8 import quantize_layers
 
@@ -380,14 +383,6 @@ class FastLM:
     # ---- sizes -------------------------------------------------------------------------------
     def n_params(self) -> int:
         return self._n_params
-
-    def _count_params(self) -> int:
-        n = self.embed.numel() + self.norm.numel() + self.lm_head.numel()
-        for lw in self.layers:
-            n += sum(x.numel() for k, x in vars(lw).items() if isinstance(x, Tensor) and k != "qk_norm")
-            if lw.qk_norm is not None:  # the model's q_norm and k_norm, [D] each (repeated per head here)
-                n += 2 * self.head_dim
-        return n
 
     def kv_bytes_per_token(self) -> int:
         return 2 * len(self.layers) * self.n_kv * self.head_dim * self.embed.element_size()

@@ -86,14 +86,15 @@ def measured_speedup(w: Tensor, rows: int = PACK_ROWS, repeats: int = 3, rounds:
     x = torch.randn(rows, w.shape[1], dtype=torch.float32)
     fast = OneDNNLinear(w)
     w = w.detach().float().contiguous()
-    sides = [lambda: torch.nn.functional.linear(x, w), lambda: fast(x)]
+    sides = (lambda: torch.nn.functional.linear(x, w), lambda: fast(x))  # [F.linear, oneDNN]
     for f in sides:  # warm-up: first-call packing and page faults
         f()
     ratios = []
     for i in range(rounds):
-        order = sides if i % 2 == 0 else sides[::-1]
-        t = {id(f): _best_s(f, repeats) for f in order}
-        ratios.append(t[id(sides[0])] / t[id(sides[1])])
+        t = [0.0, 0.0]
+        for j in ((0, 1) if i % 2 == 0 else (1, 0)):
+            t[j] = _best_s(sides[j], repeats)
+        ratios.append(t[0] / t[1])
     return statistics.median(ratios)
 
 
