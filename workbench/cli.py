@@ -149,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("file")
     s.add_argument("--stages", nargs="*", default=None, help="run only these stages (default: the config's)")
     s.add_argument("--methods", nargs="+", default=None,
-                   help="run only these methods (overrides methods.run; e.g. to train methods in parallel processes)")
+                   help="run only these methods (overrides methods.run; e.g. one method per session; training.workers "
+                        "trains several models at a time in one run)")
     s.add_argument("--seeds", nargs="+", type=int, default=None,
                    help="run only these training seeds (overrides training.seeds; e.g. one seed per session or process)")
     s.set_defaults(func=_cmd_run)
@@ -181,7 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a name, or several comma-separated (a load sweep and the study whose quality it joins)")
     s.add_argument("-o", "--output", required=True)
     s.add_argument("--latest", action="store_true",
-                   help="only the most recent load sweep of each experiment (a re-run sweep otherwise shows twice)")
+                   help="only the most recent load sweep and study run of each experiment (a re-run otherwise shows "
+                        "twice)")
     s.set_defaults(func=_cmd_report)
 
     s = sub.add_parser("engines", parents=[common],

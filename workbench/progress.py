@@ -16,10 +16,18 @@ import time
 from typing import Iterable
 
 LINE_EVERY_S = 30.0
+_plain = False  # plain lines even on a terminal (`plain_lines()`)
+
+
+def plain_lines() -> None:
+    """Plain lines from now on in this process, terminal or not: for a process that shares its terminal with
+    others (a training worker, `study/workers.py`), where tqdm's carriage-return frames would overwrite each other."""
+    global _plain
+    _plain = True
 
 
 def stderr_is_terminal() -> bool:
-    return bool(getattr(sys.stderr, "isatty", lambda: False)())
+    return not _plain and bool(getattr(sys.stderr, "isatty", lambda: False)())
 
 
 def progress(iterable: Iterable | None = None, *, total: int | None = None, desc: str = "", unit: str = "it",

@@ -20,7 +20,7 @@ TINY_STUDY_OVERRIDES: dict = {
     "embeddings": {"als_factors": 16, "als_iterations": 3},
     "model": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "head_dim": 16,
               "intermediate_size": 64, "bpe_vocab_size": 500},
-    "training": {"epochs": 1, "valid_users": 30, "batch_targets": 256, "num_threads": 1, "bf16": False},
+    "training": {"epochs": 1, "valid_users": 30, "batch_targets": 256, "num_threads": 1, "bf16": False, "workers": 1},
     "methods": {"run": ["none", "soft_token"], "recent_k": 3, "long_m": 5},
     "evaluation": {"test_users": 30, "bootstrap": 50, "sasrec_epochs": 1, "validity_users": 5,
                    "latency_requests": 2, "sasrec_lr_grid": [0.002], "als_regularization_grid": [0.05],

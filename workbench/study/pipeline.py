@@ -301,7 +301,20 @@ def _log_sid_figures(ctx: StageContext, results: dict, user_stats: dict) -> None
 def stage_train(ctx: StageContext) -> Any:
     from workbench.study.stages import train_stage
 
-    return train_stage(ctx)
+    return train_stage(ctx, build_inputs=study_inputs)
+
+
+def study_inputs(cfg: StudyConfig):
+    """The train stage's StudyInputs from the cached data stages, quietly: what a training worker (another process,
+    `training.workers`) starts from; the main process ran and reported those stages already."""
+    import contextlib
+    import io
+
+    from workbench.study.stages import inputs_from_context
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        ctx = prepare_context(cfg)
+    return inputs_from_context(ctx)
 
 
 def stage_evaluate(ctx: StageContext) -> Any:
