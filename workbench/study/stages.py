@@ -205,7 +205,7 @@ def train_stage(ctx, build_inputs: Callable[[Any], StudyInputs] | None = None) -
     """Train every (method, seed), picking the LR per method on validation; returns {(method, seed): result}.
 
     One MLflow child run per (method, seed, lr). With `training.workers` > 1 the models not in the cache yet train
-    in that many processes at a time (see "Training workers" below), and each one's run is logged here when it
+    in that many processes at a time ("training workers" below), and each one's run is logged here when it
     finishes; `build_inputs(cfg)` (a module-level function: the runner's) rebuilds the StudyInputs in a worker."""
     from workbench import dist
 
