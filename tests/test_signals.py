@@ -16,62 +16,13 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
+from cli_procs import RUNNING, Proc, cli_env, gone, store_runs
 
 pytestmark = pytest.mark.timeout(300)
-
-RUNNING = "RUNNING"
-
-
-def _env(tmp: Path) -> dict:
-    (tmp / "tmpdir").mkdir(exist_ok=True)
-    return {
-        **os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp / 'mlflow.db'}", "WORKBENCH_MLRUNS_DIR": str(tmp / "mlruns"),
-        "TMPDIR": str(tmp / "tmpdir"), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-        "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-    }  # fmt: skip
-
-
-class Proc:
-    """A CLI subprocess whose stderr is read line by line on a thread (so waits can watch for lines)."""
-
-    def __init__(self, argv: list[str], env: dict, cwd: Path):
-        self.p = subprocess.Popen([sys.executable, "-m", "workbench.cli", *argv], env=env, cwd=cwd, text=True,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
-        self.lines: list[str] = []
-        self._t = threading.Thread(target=self._read, daemon=True)
-        self._t.start()
-
-    def _read(self) -> None:
-        for line in self.p.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def wait_for(self, text: str, timeout_s: float = 180.0) -> str:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout_s:
-            hit = next((ln for ln in self.lines if text in ln), None)
-            if hit is not None:
-                return hit
-            if self.p.poll() is not None:
-                self._t.join(5)
-                break
-            time.sleep(0.1)
-        raise AssertionError(f"no line with {text!r} (exit {self.p.poll()}); output:\n" + "\n".join(self.lines[-40:]))
-
-    def finish(self, timeout_s: float = 120.0) -> int:
-        code = self.p.wait(timeout=timeout_s)
-        self._t.join(5)
-        return code
-
-    @property
-    def output(self) -> str:
-        return "\n".join(self.lines)
 
 
 def _server_children(pid: int) -> list:
@@ -80,26 +31,9 @@ def _server_children(pid: int) -> list:
     return [c for c in psutil.Process(pid).children(recursive=True) if "serve" in " ".join(c.cmdline())]
 
 
-def _gone(pid: int) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
 def _port_free(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) != 0
-
-
-def _runs(tmp: Path) -> list:
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}")
-    exps = client.search_experiments()
-    return client.search_runs([e.experiment_id for e in exps], max_results=200)
 
 
 def _bench_config(tmp: Path, checkpoint: Path, rates: list[float], requests_per_rate: int) -> Path:
@@ -118,9 +52,9 @@ def _bench_config(tmp: Path, checkpoint: Path, rates: list[float], requests_per_
 
 def _assert_clean(tmp: Path, server_pid: int, port: int) -> None:
     deadline = time.monotonic() + 20
-    while not (_gone(server_pid) and _port_free(port)) and time.monotonic() < deadline:
+    while not (gone(server_pid) and _port_free(port)) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _gone(server_pid), f"server pid {server_pid} still running"
+    assert gone(server_pid), f"server pid {server_pid} still running"
     assert _port_free(port), f"port {port} still answers"
     left = list((tmp / "tmpdir").glob("workbench-bench-*"))
     assert not left, f"temporary folders left behind: {left}"
@@ -129,7 +63,7 @@ def _assert_clean(tmp: Path, server_pid: int, port: int) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_signal_to_bench_stops_server_and_ends_runs(bench_checkpoint, tmp_path, sig):
     path = _bench_config(tmp_path, bench_checkpoint, rates=[2.0, 2.0, 2.0], requests_per_rate=40)
-    proc = Proc(["bench", str(path)], _env(tmp_path), tmp_path)
+    proc = Proc(["bench", str(path)], cli_env(tmp_path), tmp_path)
     line = proc.wait_for("workbench serve (torch) up at")
     port = int(line.rsplit(":", 1)[1].split()[0])
     (server,) = _server_children(proc.p.pid)
@@ -138,7 +72,7 @@ def test_signal_to_bench_stops_server_and_ends_runs(bench_checkpoint, tmp_path, 
     code = proc.finish()
     assert code == 128 + sig, proc.output[-3000:]
     _assert_clean(tmp_path, server.pid, port)
-    runs = _runs(tmp_path)
+    runs = store_runs(tmp_path)
     assert runs and not [r.info.run_name for r in runs if r.info.status == RUNNING]
     statuses = {r.info.run_name: r.info.status for r in runs}
     assert set(statuses.values()) == {"KILLED"}, statuses
@@ -147,7 +81,7 @@ def test_signal_to_bench_stops_server_and_ends_runs(bench_checkpoint, tmp_path, 
 
 def test_server_killed_mid_sweep_fails_the_run_and_the_next_sweep_works(bench_checkpoint, tmp_path):
     path = _bench_config(tmp_path, bench_checkpoint, rates=[4.0, 4.0, 4.0, 4.0], requests_per_rate=12)
-    proc = Proc(["bench", str(path)], _env(tmp_path), tmp_path)
+    proc = Proc(["bench", str(path)], cli_env(tmp_path), tmp_path)
     line = proc.wait_for("workbench serve (torch) up at")
     port = int(line.rsplit(":", 1)[1].split()[0])
     (server,) = _server_children(proc.p.pid)
@@ -161,7 +95,7 @@ def test_server_killed_mid_sweep_fails_the_run_and_the_next_sweep_works(bench_ch
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    runs = _runs(tmp_path)
+    runs = store_runs(tmp_path)
     assert not [r for r in runs if r.info.status == RUNNING]
     (child,) = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     assert child.info.status == "FAILED" and "every request" in child.data.tags["workbench.error"]
@@ -173,9 +107,9 @@ def test_server_killed_mid_sweep_fails_the_run_and_the_next_sweep_works(bench_ch
     (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     assert [a.path for a in client.list_artifacts(parent.info.run_id, "server_logs")] == ["server_logs/torch-server.log"]
 
-    again = Proc(["bench", str(path)], _env(tmp_path), tmp_path)
+    again = Proc(["bench", str(path)], cli_env(tmp_path), tmp_path)
     assert again.finish(timeout_s=240) == 0, again.output[-3000:]
-    newest = [r for r in _runs(tmp_path) if "mlflow.parentRunId" in r.data.tags and r.info.run_id != child.info.run_id]
+    newest = [r for r in store_runs(tmp_path) if "mlflow.parentRunId" in r.data.tags and r.info.run_id != child.info.run_id]
     assert [r.info.status for r in newest] == ["FINISHED"]
 
 
@@ -187,14 +121,14 @@ def test_sigterm_to_run_marks_every_run_killed(tmp_path):
            "name": "signal_run_test", "tracking": {"experiment": "signal_run_test"}}
     path = tmp_path / "study.yaml"
     path.write_text(json.dumps(cfg))
-    env = {**_env(tmp_path), "WORKBENCH_DATA_DIR": str(tmp_path / "data")}
+    env = {**cli_env(tmp_path), "WORKBENCH_DATA_DIR": str(tmp_path / "data")}
     proc = Proc(["run", str(path)], env, tmp_path)
     proc.wait_for("] train")
     proc.p.send_signal(signal.SIGTERM)
     code = proc.finish()
     assert code == 128 + signal.SIGTERM, proc.output[-3000:]
     assert "run KILLED" in proc.output
-    runs = _runs(tmp_path)
+    runs = store_runs(tmp_path)
     statuses = {r.info.run_name: r.info.status for r in runs}
     assert RUNNING not in statuses.values(), statuses
     assert statuses["signal_run_test"] == "KILLED" and statuses["train"] == "KILLED"
@@ -233,7 +167,7 @@ def test_signal_to_serve_shuts_down_cleanly(bench_checkpoint, tmp_path, sig):
     from workbench.engines.launcher import free_port
 
     port = free_port()
-    proc = Proc(["serve", "--checkpoint", str(bench_checkpoint), "--port", str(port)], _env(tmp_path), tmp_path)
+    proc = Proc(["serve", "--checkpoint", str(bench_checkpoint), "--port", str(port)], cli_env(tmp_path), tmp_path)
     proc.wait_for("Uvicorn running on")
     proc.p.send_signal(sig)
     assert proc.finish() == 128 + sig, proc.output[-3000:]

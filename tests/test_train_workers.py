@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_signals import RUNNING, Proc, _env, _gone, _runs
+from cli_procs import RUNNING, Proc, cli_env, gone, store_runs
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -133,21 +133,21 @@ def _workers_once(proc: Proc, line: str) -> list:
 
 def _assert_none_left(kids: list) -> None:
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and not all(_gone(k.pid) for k in kids):
+    while time.monotonic() < deadline and not all(gone(k.pid) for k in kids):
         time.sleep(0.2)
-    assert all(_gone(k.pid) for k in kids), [k.pid for k in kids if not _gone(k.pid)]
+    assert all(gone(k.pid) for k in kids), [k.pid for k in kids if not gone(k.pid)]
 
 
 def test_sigterm_stops_the_workers_and_the_next_run_resumes(tmp_path):
     path = _long_study(tmp_path, "workers_signal")
-    env = {**_env(tmp_path), "WORKBENCH_DATA_DIR": str(tmp_path / "data")}
+    env = {**cli_env(tmp_path), "WORKBENCH_DATA_DIR": str(tmp_path / "data")}
     proc = Proc(["run", str(path)], env, tmp_path)
     kids = _workers_once(proc, " epoch 1: loss")  # both saved their state after epoch 1
     proc.p.send_signal(signal.SIGTERM)
     code = proc.finish()
     assert code == 128 + signal.SIGTERM, proc.output[-3000:]
     _assert_none_left(kids)
-    statuses = {r.info.run_name: r.info.status for r in _runs(tmp_path)}
+    statuses = {r.info.run_name: r.info.status for r in store_runs(tmp_path)}
     assert RUNNING not in statuses.values(), statuses
     assert statuses["workers_signal"] == "KILLED" and statuses["train"] == "KILLED"
     assert not list((tmp_path / "data" / "cache" / "train").glob("*/done.json"))  # stopped, not left to finish
@@ -155,14 +155,14 @@ def test_sigterm_stops_the_workers_and_the_next_run_resumes(tmp_path):
     again = Proc(["run", str(path)], env, tmp_path)
     assert again.finish(timeout_s=300) == 0, again.output[-3000:]
     assert "resuming after epoch" in again.output, again.output[-3000:]
-    runs = [r for r in _runs(tmp_path) if r.info.run_name.startswith("train/")]
+    runs = [r for r in store_runs(tmp_path) if r.info.run_name.startswith("train/")]
     finished = {r.info.run_name for r in runs if r.info.status == "FINISHED"}
     assert finished == {"train/none/seed0/lr0.003", "train/soft_token/seed0/lr0.003"}, finished
 
 
 def test_a_killed_worker_fails_the_study_with_a_clear_error(tmp_path):
     path = _long_study(tmp_path, "workers_kill")
-    env = {**_env(tmp_path), "WORKBENCH_DATA_DIR": str(tmp_path / "data")}
+    env = {**cli_env(tmp_path), "WORKBENCH_DATA_DIR": str(tmp_path / "data")}
     proc = Proc(["run", str(path)], env, tmp_path)
     kids = _workers_once(proc, f"epoch 1/{EPOCHS}] started")
     kids[0].kill()
@@ -171,7 +171,7 @@ def test_a_killed_worker_fails_the_study_with_a_clear_error(tmp_path):
     assert "died (killed, out of memory, or its start failed" in proc.output, proc.output[-3000:]
     assert "run the study again to resume" in proc.output
     _assert_none_left(kids)
-    statuses = {r.info.run_name: r.info.status for r in _runs(tmp_path)}
+    statuses = {r.info.run_name: r.info.status for r in store_runs(tmp_path)}
     assert RUNNING not in statuses.values(), statuses
     assert statuses["workers_kill"] == "FAILED" and statuses["train"] == "FAILED"
     assert "FAILED" in [s for n, s in statuses.items() if n.startswith("train/")], statuses
