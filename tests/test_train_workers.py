@@ -8,10 +8,12 @@
   run resumes and finishes.
 - A worker killed (SIGKILL, as the kernel's OOM killer does): the study fails with a message that says which
   model's worker died and that a new run resumes; the model's run and the study's are FAILED; no process left.
+- The main process killed (SIGKILL: nothing of it can clean up): its workers notice and exit on their own.
 
 Fault injection (by hand): the worker training seed + 1 (`stages._worker_train`) -> the main process finds no
 entry for the model and fails; the replay of the worker's metrics left out -> the metric series differ (empty);
-`workers._stop` not terminating the workers -> they train on after SIGTERM and finish their models (done.json).
+`workers._stop` not terminating the workers -> they train on after SIGTERM and finish their models (done.json); no
+parent watchdog in the workers -> they outlive a killed main process.
 """
 
 from __future__ import annotations
@@ -175,3 +177,14 @@ def test_a_killed_worker_fails_the_study_with_a_clear_error(tmp_path):
     assert RUNNING not in statuses.values(), statuses
     assert statuses["workers_kill"] == "FAILED" and statuses["train"] == "FAILED"
     assert "FAILED" in [s for n, s in statuses.items() if n.startswith("train/")], statuses
+
+
+def test_workers_exit_when_the_main_process_is_killed(tmp_path):
+    path = _long_study(tmp_path, "workers_orphaned")
+    env = {**cli_env(tmp_path), "WORKBENCH_DATA_DIR": str(tmp_path / "data")}
+    proc = Proc(["run", str(path)], env, tmp_path)
+    kids = _workers_once(proc, f"epoch 1/{EPOCHS}] started")
+    proc.p.kill()
+    proc.finish()
+    _assert_none_left(kids)  # within 15 s: each checks its parent every workers.PARENT_POLL_S
+    assert not list((tmp_path / "data" / "cache" / "train").glob("*/done.json"))

@@ -214,7 +214,7 @@ def train_stage(ctx, build_inputs: Callable[[Any], StudyInputs] | None = None) -
     inp = inputs_from_context(ctx)
     jobs = [(m, s, lr) for m in cfg.methods.run for s in cfg.training.seeds for lr in cfg.training.lr_grid]
     done: dict[tuple, tuple[Any, bool]] = {}  # job -> (TrainResult, cache hit)
-    todo = [(m, s, lr) for m, s, lr in jobs if read_done(cache_dir("train", _train_key(cfg, inp, m, lr, s))) is None]
+    todo = [job for job in jobs if _train_entry(cfg, inp, *job)[1] is None]
     if cfg.training.workers > 1 and len(todo) > 1:
         if dist.world().size > 1:
             raise UsageError("training.workers > 1 does not combine with torchrun (every rank already trains its "
@@ -319,12 +319,17 @@ def _worker_result(job, fut) -> list[tuple[dict, int]]:
                            "study again to resume") from e
 
 
+def _train_entry(cfg, inp: StudyInputs, method: str, seed: int, lr: float) -> tuple[Path, dict | None]:
+    """A model's cache folder and its stored info (None until the model is complete)."""
+    folder = cache_dir("train", _train_key(cfg, inp, method, lr, seed))
+    return folder, read_done(folder)
+
+
 def _trained_by_worker(cfg, inp: StudyInputs, method: str, seed: int, lr: float):
     """The TrainResult a worker stored for this model (read, never trained here: a missing entry is a bug)."""
     from workbench.study.train import TrainResult
 
-    folder = cache_dir("train", _train_key(cfg, inp, method, lr, seed))
-    info = read_done(folder)
+    folder, info = _train_entry(cfg, inp, method, seed, lr)
     if info is None:
         raise RuntimeError(f"the worker that trained {method} seed={seed} lr={lr:g} left no complete entry in {folder}")
     return TrainResult.from_dict(info)
@@ -441,7 +446,7 @@ def trained_checkpoint(cfg, inp: StudyInputs, method: str, seed: int | None = No
     seed = cfg.training.seeds[0] if seed is None else seed
     found = []
     for lr in cfg.training.lr_grid:
-        info = read_done(cache_dir("train", _train_key(cfg, inp, method, lr, seed)))
+        info = _train_entry(cfg, inp, method, seed, lr)[1]
         if info is not None:
             res = TrainResult.from_dict(info)
             if res.checkpoint.exists():
