@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from workbench import names
-from workbench.study.stages import (
+from workbench.study.stages.train import (
     child_run,
     _say,
     seen_items,

@@ -7,7 +7,7 @@ Stages run in a fixed order, each a function of a `StageContext` (`STAGES[name](
     data          MovieLens tables (filtered, dense ids) + time-ordered leave-one-out split
     embeddings    item text embeddings (MiniLM, when the item quantizer needs them) + ALS on train
     semantic_ids  item quantizer(s) + dedup digit, user quantizer, Catalog, figures
-    train         workbench.study.stages.train_stage(ctx)      (imported only when run)
+    train         workbench.study.stages.train.train_stage(ctx)      (imported only when run)
     evaluate      workbench.study.compare.evaluate_stage(ctx)
 
 Caching (`workbench.cache.cached`): each stage's products live in `data/cache/<stage>/<key>/`,
@@ -299,7 +299,7 @@ def _log_sid_figures(ctx: StageContext, results: dict, user_stats: dict) -> None
 
 # ---- later stages (other modules, imported only when run) ---------------------------------------
 def stage_train(ctx: StageContext) -> Any:
-    from workbench.study.stages import train_stage
+    from workbench.study.stages.train import train_stage
 
     return train_stage(ctx, build_inputs=study_inputs)
 
@@ -310,7 +310,7 @@ def study_inputs(cfg: StudyConfig):
     import contextlib
     import io
 
-    from workbench.study.stages import inputs_from_context
+    from workbench.study.stages.train import inputs_from_context
 
     with contextlib.redirect_stdout(io.StringIO()):
         ctx = prepare_context(cfg)
