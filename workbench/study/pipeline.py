@@ -8,7 +8,7 @@ Stages run in a fixed order, each a function of a `StageContext` (`STAGES[name](
     embeddings    item text embeddings (MiniLM, when the item quantizer needs them) + ALS on train
     semantic_ids  item quantizer(s) + dedup digit, user quantizer, Catalog, figures
     train         workbench.study.stages.train.train_stage(ctx)      (imported only when run)
-    evaluate      workbench.study.compare.evaluate_stage(ctx)
+    evaluate      workbench.study.stages.evaluate.evaluate_stage(ctx)
 
 Caching (`workbench.cache.cached`): each stage's products live in `data/cache/<stage>/<key>/`,
 where the key is `config.section_hash` of the config sections the stage reads plus the keys of the
@@ -74,7 +74,7 @@ def study_inputs(cfg: StudyConfig):
 
 
 def stage_evaluate(ctx: StageContext) -> Any:
-    from workbench.study.compare import evaluate_stage
+    from workbench.study.stages.evaluate import evaluate_stage
 
     return evaluate_stage(ctx)
 
