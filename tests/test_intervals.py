@@ -97,7 +97,7 @@ def test_study_sized_call_is_fast():
 def test_verdicts_say_what_the_intervals_decide():
     """The table's comparisons in words: ahead / behind only when the seed-and-user interval excludes 0."""
     from workbench import names
-    from workbench.study.stages.evaluate import Entry, comparison_table
+    from workbench.study.compare import Entry, comparison_table
     from workbench.study.summary import verdicts
 
     rng = np.random.default_rng(0)

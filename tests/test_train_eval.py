@@ -250,7 +250,7 @@ def test_sasrec_windows_cover_every_transition_once():
 def test_eval_runs_carry_the_report_join_tags(tmp_path):
     """Every evaluation child run is tagged with the checkpoint, engine, mode and dtype the report joins on."""
     from workbench.report import html as report
-    from workbench.study.stages import train as study
+    from workbench.study.stages import evaluate as study
 
     tags = study.eval_tags("user_sid", 0, tmp_path / "checkpoint")
     for t in report.JOIN_TAGS:
@@ -262,7 +262,7 @@ def test_eval_runs_carry_the_report_join_tags(tmp_path):
 
 def test_eval_cache_key_follows_rerank_candidates(tmp_path):
     """A retrained SASRec (other top-100) must not reuse a cached re-rank evaluation."""
-    from workbench.study.stages import train as study
+    from workbench.study.stages import evaluate as study
     from workbench.config import StudyConfig
 
     cfg = StudyConfig(name="k", dataset={"name": "ml-100k"})

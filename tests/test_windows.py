@@ -189,7 +189,7 @@ def test_training_threads_bound_numpys_blas_too():
     from threadpoolctl import threadpool_info, threadpool_limits
 
     from workbench.config import load_study
-    from workbench.study.stages.train import use_threads
+    from workbench.study.inputs import use_threads
 
     cfg = load_study(Path(__file__).parents[1] / "experiments/quickstart.yaml", {"training": {"num_threads": 1}})
     before = torch.get_num_threads()

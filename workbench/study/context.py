@@ -1,7 +1,8 @@
-"""What the pipeline's stages share: the `StageContext` they fill in order, and the SID layout rule.
+"""What the pipeline's stages share: the `StageContext` they fill in order, the child runs they log to under
+the parent run, and the SID layout rule.
 
-Separate from pipeline.py so that the stages defined elsewhere (study/stages.py) can read the
-context without importing the runner that calls them (no import circle).
+Separate from pipeline.py so that the stages (`stages/`) can read the context without importing the runner
+that calls them (no import circle).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from workbench import names
 from workbench.config import StudyConfig
 
 
@@ -83,6 +85,35 @@ class StageContext:
     def user_codes_as_of(self, item_lists) -> np.ndarray:
         """User SID codes [n, user levels] as of each item list (fold-in, then the user quantizer)."""
         return self.user_quantizer.encode(self.user_vectors_as_of(item_lists))
+
+
+class _SafeRun:
+    """Wraps a run handle so metric names are MLflow-safe (`names.metric_name`)."""
+
+    def __init__(self, run):
+        self._run = run
+
+    def log_metrics(self, metrics: dict, step: int | None = None) -> None:
+        self._run.log_metrics({names.metric_name(k): v for k, v in metrics.items()}, step)
+
+    def __getattr__(self, name):
+        return getattr(self._run, name)
+
+
+def child_run(ctx, name: str, tags: dict):
+    import contextlib
+
+    from workbench import tracking
+
+    if ctx.parent is None:
+        return contextlib.nullcontext(NullRun())
+
+    @contextlib.contextmanager
+    def wrapped():
+        with tracking.start_run(name, parent=ctx.parent, tags=tags) as run:
+            yield _SafeRun(run)
+
+    return wrapped()
 
 
 def sid_layout(item_codebooks, dedup_size: int, user_codebooks, base_vocab_size: int):

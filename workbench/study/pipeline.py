@@ -66,7 +66,7 @@ def study_inputs(cfg: StudyConfig):
     import contextlib
     import io
 
-    from workbench.study.stages.train import inputs_from_context
+    from workbench.study.inputs import inputs_from_context
 
     with contextlib.redirect_stdout(io.StringIO()):
         ctx = prepare_context(cfg)

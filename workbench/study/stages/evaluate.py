@@ -12,49 +12,40 @@ What is evaluated (all on `evaluation.test_users`, all test users by default, se
   across users and zeroed (`PromptSet.with_signal`): what the signal carries, measured.
 
 Every comparison (method vs none, vs als, vs sasrec; a variant vs its own signal) is a
-seeds-then-users paired bootstrap (`intervals.seed_user_bootstrap`): its interval includes seed
+seeds-then-users paired bootstrap (`compare.comparison_table`): its interval includes seed
 variance. The per-seed values are kept in the table. Results go to the stage's MLflow run and to
 the parent (table CSV/markdown, figures; `summary.py`).
+
+Caching (`workbench.cache.cached`): every evaluation lives in `data/cache/eval/<key>/`, SASRec in
+`data/cache/sasrec/<key>/`; under torchrun evaluation entries are computed by all ranks together, SASRec by
+rank 0 while the others wait for it.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from workbench import names
-from workbench.study.stages.train import (
-    child_run,
-    _say,
-    seen_items,
-    use_threads,
-    eval_tags,
-    evaluate_method,
-    inputs_from_context,
-    sasrec,
-    test_users,
-)
+from workbench.cache import RESUME_FILE, cached
+from workbench.config import section_hash, settings_from
+from workbench.study.compare import Entry, comparison_table
+from workbench.study.context import _say, child_run
+from workbench.study.inputs import (CACHE_FORMAT, StudyInputs, inputs_from_context, method_test_prompts, seen_items,
+                                    test_users, use_threads)
 
 BASELINES = ("popularity", "als", "sasrec")
 ABLATED = ("soft_token", "user_sid")
 VARIANTS = ("shuffled", "zeroed")
-REFERENCES = ("none", "als", "sasrec")  # what every row is compared with
-TABLE_METRICS = (names.recall_at(10), names.ndcg_at(10), names.MRR)
-
-
-@dataclass
-class Entry:
-    """One row of the study: per-seed per-user metrics plus what it cost."""
-
-    name: str
-    per_seed: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)  # seed -> metric -> [n_users]
-    extra: dict[int, dict[str, float]] = field(default_factory=dict)  # seed -> prompt tokens, FLOPs, ms, ...
-
-    def arrays(self, metric: str) -> list[np.ndarray]:
-        return [self.per_seed[s][metric] for s in sorted(self.per_seed)]
+SASREC_FORMAT = 2  # 2: unit-scale embedding init (SASRec with N(0, 1) rows trained below popularity)
+# Quality is measured through this engine, in this mode and dtype; the evaluation child runs carry
+# them as tags so the report can join quality with load runs of the same checkpoint/engine/mode/dtype.
+EVAL_ENGINE = "torch"
+EVAL_MODE = "constrained"
+EVAL_DTYPE = "float32"
 
 
 def evaluate_stage(ctx) -> Any:
@@ -151,32 +142,104 @@ def als_test_lists(cfg, inp, users: np.ndarray, seen, k: int) -> tuple[list, dic
     return als_rank(vecs, model.item_factors, seen, k), info
 
 
-# ---- the table ----------------------------------------------------------------------------------
-def comparison_table(entries: dict[str, Entry], n_boot: int, seed: int):
-    """One row per entry: mean metrics with seed-aware intervals, per-seed NDCG@10, and the paired
-    differences vs none / als / sasrec (and a signal variant vs its own signal)."""
-    import pandas as pd
+def sasrec(cfg, inp: StudyInputs, seed: int, log_fn=None):
+    """SASRec for one training seed (trained or loaded from cache), its LR picked on validation NDCG@10
+    from `evaluation.sasrec_lr_grid`, like the generative models'. Returns (model, settings, info)."""
+    import torch
 
-    from workbench.study.intervals import mean_interval, seed_user_bootstrap
+    from workbench.study.baselines import SasrecSettings, build_sasrec, train_sasrec
 
-    n10 = names.ndcg_at(10)
-    rows = []
-    for name, e in entries.items():
-        row: dict[str, Any] = {"method": name, "seeds": len(e.per_seed)}
-        for metric in TABLE_METRICS:
-            iv = mean_interval(e.arrays(metric), n_boot, seed)
-            row[metric], row[f"{metric}_lo"], row[f"{metric}_hi"] = iv.mean, iv.lo, iv.hi
-        row["per_seed/" + n10] = " ".join(f"{float(x.mean()):.4f}" for x in e.arrays(n10))
-        refs = [r for r in REFERENCES if r != name and r in entries]
-        if "/" in name:
-            refs = [name.split("/")[0], *refs]
-        for ref in refs:
-            iv = seed_user_bootstrap(e.arrays(n10), entries[ref].arrays(n10), n_boot, seed)
-            tag = "own" if "/" in name and ref == name.split("/")[0] else ref
-            row[f"vs_{tag}/{n10}"], row[f"vs_{tag}/{n10}_lo"], row[f"vs_{tag}/{n10}_hi"] = iv.mean, iv.lo, iv.hi
-        extras = list(e.extra.values())
-        for key in (names.PROMPT_TOKENS_MEAN, names.TRAIN_FLOPS, "latency/request_mean_ms", names.SID_VALIDITY):
-            vals = [x[key] for x in extras if key in x]
-            row[key] = float(np.mean(vals)) if vals else float("nan")
-        rows.append(row)
-    return pd.DataFrame(rows)
+    ev = cfg.evaluation
+    best = None
+    for lr in ev.sasrec_lr_grid:
+        st = SasrecSettings(max_len=ev.sasrec_max_len or cfg.methods.long_m, epochs=ev.sasrec_epochs, seed=seed, lr=lr)
+        key = section_hash("sasrec", CACHE_FORMAT, SASREC_FORMAT, st.__dict__, inp.upstream_key)
+
+        def load(folder: Path, info: dict, st=st):
+            model = build_sasrec(inp.interactions.n_items, st)
+            model.load_state_dict(torch.load(folder / "model.pt"))
+            return model.eval()
+
+        def compute(folder: Path, st=st):
+            d = inp.interactions
+            res = train_sasrec(d.train, d.valid, d.n_items, st, log_fn=log_fn, resume_file=folder / RESUME_FILE)
+            torch.save(res.model.state_dict(), folder / "model.pt")
+            (folder / RESUME_FILE).unlink(missing_ok=True)  # model.pt holds what matters now
+            return res.model, {"best_epoch": res.best_epoch, "best_valid_ndcg10": res.best_valid_ndcg10,
+                               "wall_s": res.wall_s, "history": res.history, "lr": lr}
+
+        # resumable: a stopped SASRec goes on after its last finished epoch
+        model, info, _ = cached("sasrec", key, compute, load, _say, resumable=True)
+        if best is None or info["best_valid_ndcg10"] > best[2]["best_valid_ndcg10"]:
+            best = (model, st, info)
+    return best
+
+
+def _eval_key(cfg, train_ckpt: Path, users: np.ndarray, rerank_cands, variant: str = "own") -> str:
+    """Hashes everything an evaluation reads, including the re-rank candidates themselves (they come
+    from SASRec, whose own cache key is not part of the checkpoint's: a retrained SASRec must not reuse
+    a re-rank result computed on another SASRec's top-100)."""
+    import hashlib
+
+    cands = "none"
+    if rerank_cands is not None:
+        h = hashlib.sha1()
+        for c in rerank_cands:
+            h.update(np.asarray(c, dtype=np.int64).tobytes() + b"|")
+        cands = h.hexdigest()
+    return section_hash("eval", CACHE_FORMAT, cfg.evaluation, str(train_ckpt), cfg.methods.recent_k,
+                        cfg.methods.long_m, users.tolist(), cands, EVAL_ENGINE, EVAL_MODE, EVAL_DTYPE, variant)
+
+
+def evaluate_method(cfg, inp: StudyInputs, method: str, res, users: np.ndarray, rerank_cands, progress=True,
+                    variant: str = "own") -> dict:
+    """Metrics + per-user arrays of one trained checkpoint on the test users (cached); `variant`
+    replaces the user signal ("shuffled" | "zeroed", `PromptSet.with_signal`) to measure what it carries."""
+
+    def load(folder: Path, metrics: dict):
+        z = np.load(folder / "per_user.npz")
+        return {"metrics": metrics, "per_user": {k: z[k] for k in z.files if k.startswith("quality/")},
+                "rerank_per_user": {k[7:]: z[k] for k in z.files if k.startswith("rerank:")}, "lists": z["lists"]}
+
+    out, _, _ = cached("eval", _eval_key(cfg, res.checkpoint, users, rerank_cands, variant),
+                       lambda folder: _evaluate(cfg, inp, method, res, users, rerank_cands, progress, folder, variant),
+                       load, _say, collective=True)  # under torchrun every rank beams its share of the users
+    return out
+
+
+def _evaluate(cfg, inp: StudyInputs, method: str, res, users, rerank_cands, progress: bool, folder: Path,
+              variant: str = "own"):
+    from workbench import dist
+    from workbench.study.evaluate import EvalSettings, evaluate_checkpoint
+    from workbench.study.prompts import length_stats
+
+    ps = method_test_prompts(cfg, inp, method, res.checkpoint, users)
+    if variant != "own":
+        from workbench.model.checkpoint import read_meta
+
+        lay = read_meta(res.checkpoint).layout
+        zero = lay.user_codes_to_ids(np.zeros((1, len(lay.user_codebooks)), dtype=np.int64))[0].tolist() \
+            if lay.user_codebooks else None
+        ps = ps.with_signal(variant, cfg.seed, zero)
+    ev = cfg.evaluation
+    settings = settings_from(EvalSettings, ev, progress=progress)
+    out = evaluate_checkpoint(res.checkpoint, ps, settings, rerank_candidates=rerank_cands, engine_name=EVAL_ENGINE,
+                              dtype=EVAL_DTYPE)
+    metrics = {**out["metrics"], **length_stats(ps)}
+    arrays = {k: v for k, v in out["beam"].per_user.items()}
+    if out["rerank"] is not None:
+        arrays.update({f"rerank:{k}": v for k, v in out["rerank"].per_user.items()})
+    lists = np.full((len(users), max(ev.ks)), -1, dtype=np.int64)
+    for i, l in enumerate(out["beam"].lists):
+        lists[i, : len(l)] = l[: max(ev.ks)]
+    if dist.is_main():  # the other ranks hold the same (gathered) arrays
+        np.savez(folder / "per_user.npz", lists=lists, **arrays)
+    return {"metrics": metrics, "per_user": out["beam"].per_user,
+            "rerank_per_user": {} if out["rerank"] is None else out["rerank"].per_user, "lists": lists}, metrics
+
+
+def eval_tags(method: str, seed: int, checkpoint) -> dict[str, Any]:
+    """Tags of one evaluation child run: what was measured, on which checkpoint, engine, mode and dtype."""
+    return {names.TAG_STAGE: "evaluate", names.TAG_METHOD: method, names.TAG_SEED: seed,
+            names.TAG_CHECKPOINT: str(checkpoint), names.TAG_ENGINE: EVAL_ENGINE, names.TAG_MODE: EVAL_MODE,
+            names.TAG_DTYPE: EVAL_DTYPE}

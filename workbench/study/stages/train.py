@@ -1,75 +1,32 @@
-"""The personalization study's train stage (`train_stage(ctx)`) and the per-model pieces evaluation uses.
+"""The train stage (`train_stage(ctx)`): one model per (method, seed, learning rate), the LR picked on validation.
 
 For every method in `methods.run` and every seed in `training.seeds`, train one model per learning
 rate of `training.lr_grid` on full-sequence windows (`windows.py`: every train transition a target
 once per epoch), keep the one with the best validation NDCG@10; one MLflow child run per (method,
-seed, lr). `compare.evaluate_stage` then evaluates the picked models and the baselines with the
-per-model pieces defined here (`evaluate_method`, `sasrec`, `method_test_prompts`). With `training.workers` > 1,
+seed, lr). The evaluate stage (`stages/evaluate.py`) then evaluates the picked models. With `training.workers` > 1,
 several models train at a time, each in its own process ("training workers" below).
 
 Caching (resume after an interruption; `workbench.cache.cached`): every trained model lives in
 `data/cache/train/<key>/` (checkpoint; its TrainResult in done.json, written last; while it trains,
-`resume.pt` holds the state after the last finished epoch, so a stopped run resumes there), every evaluation in
-`data/cache/eval/<key>/`, SASRec in `data/cache/sasrec/<key>/`. Keys hash the config sections a
-step reads plus the upstream stage keys, so a changed knob recomputes exactly what depends on it.
-Under torchrun (`workbench.dist`) rank 0 writes every entry; training and evaluation entries are computed
-by all ranks together (`cached(..., collective=True)`), SASRec by rank 0 while the others wait for it.
+`resume.pt` holds the state after the last finished epoch, so a stopped run resumes there; the key and the
+folder: `inputs.py`). Keys hash the config sections training reads plus the upstream stage keys, so a changed
+knob recomputes exactly what depends on it. Under torchrun (`workbench.dist`) rank 0 writes every entry, which
+all ranks compute together (`cached(..., collective=True)`).
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 from workbench import names
-from workbench.config import section_hash, settings_from
-from workbench.cache import RESUME_FILE, cached, read_done
+from workbench.cache import cached
+from workbench.config import settings_from
 from workbench.errors import UsageError
-from workbench.paths import cache_dir
-
-CACHE_FORMAT = 3  # 3: full-sequence windows (older caches are stale)
-SASREC_FORMAT = 2  # 2: unit-scale embedding init (SASRec with N(0, 1) rows trained below popularity)
-# Quality is measured through this engine, in this mode and dtype; the evaluation child runs carry
-# them as tags so the report can join quality with load runs of the same checkpoint/engine/mode/dtype.
-EVAL_ENGINE = "torch"
-EVAL_MODE = "constrained"
-EVAL_DTYPE = "float32"
-
-
-@dataclass
-class StudyInputs:
-    """What the study needs from the data stages, in plain arrays."""
-
-    interactions: Any  # personalization.Interactions
-    item_texts: list[str]
-    encoder: Any  # personalization.UserEncoder
-    item_codes: np.ndarray  # [n_items, depth]
-    item_codebooks: tuple[int, ...]
-    dedup_size: int
-    user_codebooks: tuple[int, ...]
-    sid_version: str
-    upstream_key: str  # cache key of the semantic-id stage (chains data + embeddings)
-    als: Any = None  # the full-train AlsModel (the `als` baseline ranks with its item factors)
-
-
-def inputs_from_context(ctx) -> StudyInputs:
-    from workbench.sids.embeddings import item_texts
-    from workbench.study.prompts import Interactions, UserEncoder
-
-    split = ctx.split
-    inter = Interactions(split.train_sequences(), split.valid_items(), split.test_items(), split.n_items)
-    enc = UserEncoder(vectors=ctx.user_vectors_as_of, dim=int(ctx.als.factors), codes=ctx.user_quantizer.encode,
-                      train_vectors=ctx.als_folds.vectors_as_of)
-    return StudyInputs(
-        interactions=inter, item_texts=item_texts(ctx.dataset.items), encoder=enc, item_codes=ctx.item_codes,
-        item_codebooks=tuple(ctx.item_codebooks), dedup_size=int(ctx.dedup_size),
-        user_codebooks=tuple(ctx.user_codebooks), sid_version=ctx.sid_version, upstream_key=ctx.keys["semantic_ids"],
-        als=ctx.als,
-    )
+from workbench.study.context import child_run
+from workbench.study.inputs import StudyInputs, _train_entry, _train_key, inputs_from_context, set_threads, use_threads
 
 
 def _say(msg: str) -> None:
@@ -77,14 +34,6 @@ def _say(msg: str) -> None:
 
 
 # ---- training -------------------------------------------------------------------------------------
-
-
-def _train_key(cfg, inp: StudyInputs, method: str, lr: float, seed: int) -> str:
-    tr = cfg.training.model_dump(mode="json")
-    for k in ("seeds", "lr_grid", "num_threads", "workers", "save_every_s"):  # threads: rounding only; others: none
-        tr.pop(k)
-    meth = {"recent_k": cfg.methods.recent_k, "long_m": cfg.methods.long_m}
-    return section_hash("train", CACHE_FORMAT, cfg.model, tr, meth, method, float(lr), int(seed), inp.upstream_key)
 
 
 def build_prompt_builder(cfg, backbone, inp: StudyInputs, method: str):
@@ -150,55 +99,6 @@ def _train(cfg, inp: StudyInputs, method: str, seed: int, lr: float, folder: Pat
 
     return train_model(bb, windows, valid_set, inp.item_codes, folder, st, sid_version=inp.sid_version,
                        user_dim=inp.encoder.dim if method == "soft_token" else None, log_fn=log_fn)
-
-
-class _SafeRun:
-    """Wraps a run handle so metric names are MLflow-safe (`names.metric_name`)."""
-
-    def __init__(self, run):
-        self._run = run
-
-    def log_metrics(self, metrics: dict, step: int | None = None) -> None:
-        self._run.log_metrics({names.metric_name(k): v for k, v in metrics.items()}, step)
-
-    def __getattr__(self, name):
-        return getattr(self._run, name)
-
-
-def child_run(ctx, name: str, tags: dict):
-    import contextlib
-
-    from workbench import tracking
-
-    if ctx.parent is None:
-        from workbench.study.context import NullRun
-
-        return contextlib.nullcontext(NullRun())
-
-    @contextlib.contextmanager
-    def wrapped():
-        with tracking.start_run(name, parent=ctx.parent, tags=tags) as run:
-            yield _SafeRun(run)
-
-    return wrapped()
-
-
-def use_threads(cfg) -> None:
-    """`training.num_threads` for torch and for numpy's BLAS alike (when set)."""
-    if cfg.training.num_threads:
-        set_threads(int(cfg.training.num_threads))
-
-
-def set_threads(n: int) -> None:
-    """n threads for torch and for numpy's BLAS, for the rest of the process. The BLAS matters too: the user signal
-    of every training window is folded in with numpy each epoch, and a BLAS left at one thread per core spins
-    on a core another process is training on (seen: one epoch's fold-ins of soft_token on ML-1M took over
-    17 minutes with two study processes per core instead of seconds)."""
-    import torch
-    from threadpoolctl import threadpool_limits
-
-    torch.set_num_threads(n)
-    threadpool_limits(n, user_api="blas")
 
 
 def train_stage(ctx, build_inputs: Callable[[Any], StudyInputs] | None = None) -> dict:
@@ -319,12 +219,6 @@ def _worker_result(job, fut) -> list[tuple[dict, int]]:
                            "study again to resume") from e
 
 
-def _train_entry(cfg, inp: StudyInputs, method: str, seed: int, lr: float) -> tuple[Path, dict | None]:
-    """A model's cache folder and its stored info (None until the model is complete)."""
-    folder = cache_dir("train", _train_key(cfg, inp, method, lr, seed))
-    return folder, read_done(folder)
-
-
 def _trained_by_worker(cfg, inp: StudyInputs, method: str, seed: int, lr: float):
     """The TrainResult a worker stored for this model (read, never trained here: a missing entry is a bug)."""
     from workbench.study.train import TrainResult
@@ -349,175 +243,3 @@ def _say_trained(job, res, hit: bool) -> None:
     _say(f"  {method} seed={seed} lr={lr:g}: valid NDCG@10 {res.best_valid_ndcg10:.4f} "
          f"({res.epochs_run} epochs, {res.wall_s:.0f}s, {res.tokens_per_s:,.0f} tokens/s, "
          f"{res.matmul_share:.0%} of the matmul rate{', bf16' if res.bf16 else ''}{', cached' if hit else ''})")
-
-
-# ---- evaluation -----------------------------------------------------------------------------------
-
-
-def test_users(cfg, inp: StudyInputs) -> np.ndarray:
-    n = inp.interactions.n_users
-    if cfg.evaluation.test_users is None or cfg.evaluation.test_users >= n:
-        return np.arange(n)
-    rng = np.random.default_rng(cfg.seed)
-    return np.sort(rng.choice(n, size=cfg.evaluation.test_users, replace=False))
-
-
-def seen_items(inp: StudyInputs, users) -> list[np.ndarray]:
-    d = inp.interactions
-    return [np.r_[d.train[u], d.valid[u]].astype(np.int64) for u in users]
-
-
-def sasrec(cfg, inp: StudyInputs, seed: int, log_fn=None):
-    """SASRec for one training seed (trained or loaded from cache), its LR picked on validation NDCG@10
-    from `evaluation.sasrec_lr_grid`, like the generative models'. Returns (model, settings, info)."""
-    import torch
-
-    from workbench.study.baselines import SasrecSettings, build_sasrec, train_sasrec
-
-    ev = cfg.evaluation
-    best = None
-    for lr in ev.sasrec_lr_grid:
-        st = SasrecSettings(max_len=ev.sasrec_max_len or cfg.methods.long_m, epochs=ev.sasrec_epochs, seed=seed, lr=lr)
-        key = section_hash("sasrec", CACHE_FORMAT, SASREC_FORMAT, st.__dict__, inp.upstream_key)
-
-        def load(folder: Path, info: dict, st=st):
-            model = build_sasrec(inp.interactions.n_items, st)
-            model.load_state_dict(torch.load(folder / "model.pt"))
-            return model.eval()
-
-        def compute(folder: Path, st=st):
-            d = inp.interactions
-            res = train_sasrec(d.train, d.valid, d.n_items, st, log_fn=log_fn, resume_file=folder / RESUME_FILE)
-            torch.save(res.model.state_dict(), folder / "model.pt")
-            (folder / RESUME_FILE).unlink(missing_ok=True)  # model.pt holds what matters now
-            return res.model, {"best_epoch": res.best_epoch, "best_valid_ndcg10": res.best_valid_ndcg10,
-                               "wall_s": res.wall_s, "history": res.history, "lr": lr}
-
-        # resumable: a stopped SASRec goes on after its last finished epoch
-        model, info, _ = cached("sasrec", key, compute, load, _say, resumable=True)
-        if best is None or info["best_valid_ndcg10"] > best[2]["best_valid_ndcg10"]:
-            best = (model, st, info)
-    return best
-
-
-def _eval_key(cfg, train_ckpt: Path, users: np.ndarray, rerank_cands, variant: str = "own") -> str:
-    """Hashes everything an evaluation reads, including the re-rank candidates themselves (they come
-    from SASRec, whose own cache key is not part of the checkpoint's: a retrained SASRec must not reuse
-    a re-rank result computed on another SASRec's top-100)."""
-    import hashlib
-
-    cands = "none"
-    if rerank_cands is not None:
-        h = hashlib.sha1()
-        for c in rerank_cands:
-            h.update(np.asarray(c, dtype=np.int64).tobytes() + b"|")
-        cands = h.hexdigest()
-    return section_hash("eval", CACHE_FORMAT, cfg.evaluation, str(train_ckpt), cfg.methods.recent_k,
-                        cfg.methods.long_m, users.tolist(), cands, EVAL_ENGINE, EVAL_MODE, EVAL_DTYPE, variant)
-
-
-def method_test_prompts(cfg, inp: StudyInputs, method: str, checkpoint: Path, users: np.ndarray):
-    """The test prompts of `method` for `users`, tokenized with the checkpoint's own tokenizer and layout
-    (what evaluation sends, and what a `prompts_from: test_split` load test replays)."""
-    from transformers import AutoTokenizer
-
-    from workbench.model.checkpoint import read_meta
-    from workbench.study.prompts import PromptBuilder, eval_examples, tokenize_item_texts
-
-    meta = read_meta(checkpoint)
-    tok = AutoTokenizer.from_pretrained(checkpoint)
-    max_pos = json.loads((Path(checkpoint) / "config.json").read_text()).get("max_position_embeddings", 2048)
-    builder = PromptBuilder(method, meta.layout, meta.layout.item_codes_to_ids(inp.item_codes), cfg.methods.recent_k,
-                            cfg.methods.long_m,
-                            tokenize_item_texts(tok, inp.item_texts) if method == "text_history" else None,
-                            max_prompt_tokens=max_pos - meta.layout.item_depth)  # fmt: skip
-    return eval_examples(builder, inp.interactions, "test", inp.encoder, users=users)
-
-
-class StudyError(ValueError):
-    """A load test asked for a study's checkpoints or prompts that the study has not produced."""
-
-
-def trained_checkpoint(cfg, inp: StudyInputs, method: str, seed: int | None = None) -> Path:
-    """The checkpoint `workbench run` trained for `method` (seed: the first of training.seeds; the LR of the
-    grid with the best validation Recall@10, as the train stage picks it). Never trains: says how to."""
-    from workbench.study.train import TrainResult
-
-    seed = cfg.training.seeds[0] if seed is None else seed
-    found = []
-    for lr in cfg.training.lr_grid:
-        info = _train_entry(cfg, inp, method, seed, lr)[1]
-        if info is not None:
-            res = TrainResult.from_dict(info)
-            if res.checkpoint.exists():
-                found.append(res)
-    if len(found) < len(cfg.training.lr_grid):
-        raise StudyError(f"{cfg.name}: method {method!r} (seed {seed}) is not trained for every LR of its grid; "
-                         f"run `workbench run <the study's YAML> --stages data embeddings semantic_ids train` first")
-    return max(found, key=lambda r: r.best_valid_ndcg10).checkpoint
-
-
-def study_test_prompts(cfg, checkpoint: Path, inp: StudyInputs):
-    """The test prompts of the study `cfg` for a checkpoint it trained (its method, its test users);
-    `inp`: `inputs_from_context(prepare_context(cfg))`."""
-    from workbench.model.checkpoint import read_meta
-
-    meta = read_meta(checkpoint)
-    if meta.sid_version != inp.sid_version:
-        raise StudyError(f"{checkpoint} was trained on other Semantic IDs (sid_version {meta.sid_version}) than the "
-                         f"study {cfg.name} builds ({inp.sid_version}); point load.study at the YAML that trained it")
-    return method_test_prompts(cfg, inp, meta.method, Path(checkpoint), test_users(cfg, inp))
-
-
-def evaluate_method(cfg, inp: StudyInputs, method: str, res, users: np.ndarray, rerank_cands, progress=True,
-                    variant: str = "own") -> dict:
-    """Metrics + per-user arrays of one trained checkpoint on the test users (cached); `variant`
-    replaces the user signal ("shuffled" | "zeroed", `PromptSet.with_signal`) to measure what it carries."""
-
-    def load(folder: Path, metrics: dict):
-        z = np.load(folder / "per_user.npz")
-        return {"metrics": metrics, "per_user": {k: z[k] for k in z.files if k.startswith("quality/")},
-                "rerank_per_user": {k[7:]: z[k] for k in z.files if k.startswith("rerank:")}, "lists": z["lists"]}
-
-    out, _, _ = cached("eval", _eval_key(cfg, res.checkpoint, users, rerank_cands, variant),
-                       lambda folder: _evaluate(cfg, inp, method, res, users, rerank_cands, progress, folder, variant),
-                       load, _say, collective=True)  # under torchrun every rank beams its share of the users
-    return out
-
-
-def _evaluate(cfg, inp: StudyInputs, method: str, res, users, rerank_cands, progress: bool, folder: Path,
-              variant: str = "own"):
-    from workbench import dist
-    from workbench.study.evaluate import EvalSettings, evaluate_checkpoint
-    from workbench.study.prompts import length_stats
-
-    ps = method_test_prompts(cfg, inp, method, res.checkpoint, users)
-    if variant != "own":
-        from workbench.model.checkpoint import read_meta
-
-        lay = read_meta(res.checkpoint).layout
-        zero = lay.user_codes_to_ids(np.zeros((1, len(lay.user_codebooks)), dtype=np.int64))[0].tolist() \
-            if lay.user_codebooks else None
-        ps = ps.with_signal(variant, cfg.seed, zero)
-    ev = cfg.evaluation
-    settings = settings_from(EvalSettings, ev, progress=progress)
-    out = evaluate_checkpoint(res.checkpoint, ps, settings, rerank_candidates=rerank_cands, engine_name=EVAL_ENGINE,
-                              dtype=EVAL_DTYPE)
-    metrics = {**out["metrics"], **length_stats(ps)}
-    arrays = {k: v for k, v in out["beam"].per_user.items()}
-    if out["rerank"] is not None:
-        arrays.update({f"rerank:{k}": v for k, v in out["rerank"].per_user.items()})
-    lists = np.full((len(users), max(ev.ks)), -1, dtype=np.int64)
-    for i, l in enumerate(out["beam"].lists):
-        lists[i, : len(l)] = l[: max(ev.ks)]
-    if dist.is_main():  # the other ranks hold the same (gathered) arrays
-        np.savez(folder / "per_user.npz", lists=lists, **arrays)
-    return {"metrics": metrics, "per_user": out["beam"].per_user,
-            "rerank_per_user": {} if out["rerank"] is None else out["rerank"].per_user, "lists": lists}, metrics
-
-
-def eval_tags(method: str, seed: int, checkpoint) -> dict[str, Any]:
-    """Tags of one evaluation child run: what was measured, on which checkpoint, engine, mode and dtype."""
-    return {names.TAG_STAGE: "evaluate", names.TAG_METHOD: method, names.TAG_SEED: seed,
-            names.TAG_CHECKPOINT: str(checkpoint), names.TAG_ENGINE: EVAL_ENGINE, names.TAG_MODE: EVAL_MODE,
-            names.TAG_DTYPE: EVAL_DTYPE}

@@ -1,0 +1,61 @@
+"""The study's comparison table: one row per method or baseline, means over seeds and test users with intervals
+that include seed variance, and the paired differences against the references.
+
+Every comparison (method vs none, vs als, vs sasrec; a variant vs its own signal) is a seeds-then-users paired
+bootstrap (`intervals.seed_user_bootstrap`). The evaluate stage (`stages/evaluate.py`) fills the `Entry`s;
+`summary.py` formats and logs the table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from workbench import names
+
+REFERENCES = ("none", "als", "sasrec")  # what every row is compared with
+TABLE_METRICS = (names.recall_at(10), names.ndcg_at(10), names.MRR)
+
+
+@dataclass
+class Entry:
+    """One row of the study: per-seed per-user metrics plus what it cost."""
+
+    name: str
+    per_seed: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)  # seed -> metric -> [n_users]
+    extra: dict[int, dict[str, float]] = field(default_factory=dict)  # seed -> prompt tokens, FLOPs, ms, ...
+
+    def arrays(self, metric: str) -> list[np.ndarray]:
+        return [self.per_seed[s][metric] for s in sorted(self.per_seed)]
+
+
+def comparison_table(entries: dict[str, Entry], n_boot: int, seed: int):
+    """One row per entry: mean metrics with seed-aware intervals, per-seed NDCG@10, and the paired
+    differences vs none / als / sasrec (and a signal variant vs its own signal)."""
+    import pandas as pd
+
+    from workbench.study.intervals import mean_interval, seed_user_bootstrap
+
+    n10 = names.ndcg_at(10)
+    rows = []
+    for name, e in entries.items():
+        row: dict[str, Any] = {"method": name, "seeds": len(e.per_seed)}
+        for metric in TABLE_METRICS:
+            iv = mean_interval(e.arrays(metric), n_boot, seed)
+            row[metric], row[f"{metric}_lo"], row[f"{metric}_hi"] = iv.mean, iv.lo, iv.hi
+        row["per_seed/" + n10] = " ".join(f"{float(x.mean()):.4f}" for x in e.arrays(n10))
+        refs = [r for r in REFERENCES if r != name and r in entries]
+        if "/" in name:
+            refs = [name.split("/")[0], *refs]
+        for ref in refs:
+            iv = seed_user_bootstrap(e.arrays(n10), entries[ref].arrays(n10), n_boot, seed)
+            tag = "own" if "/" in name and ref == name.split("/")[0] else ref
+            row[f"vs_{tag}/{n10}"], row[f"vs_{tag}/{n10}_lo"], row[f"vs_{tag}/{n10}_hi"] = iv.mean, iv.lo, iv.hi
+        extras = list(e.extra.values())
+        for key in (names.PROMPT_TOKENS_MEAN, names.TRAIN_FLOPS, "latency/request_mean_ms", names.SID_VALIDITY):
+            vals = [x[key] for x in extras if key in x]
+            row[key] = float(np.mean(vals)) if vals else float("nan")
+        rows.append(row)
+    return pd.DataFrame(rows)
