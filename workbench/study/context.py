@@ -128,5 +128,6 @@ def sid_layout(item_codebooks, dedup_size: int, user_codebooks, base_vocab_size:
     )
 
 
-def _say(msg: str) -> None:
+def say(msg: str) -> None:
+    """A stage's line of progress on the console, flushed (training workers share it)."""
     print(msg, flush=True)

@@ -2,13 +2,10 @@
 
     ctx = run_experiment(load_study("experiments/quickstart.yaml"), "experiments/quickstart.yaml")
 
-Stages run in a fixed order, each a function of a `StageContext` (`STAGES[name](ctx)`):
-
-    data          MovieLens tables (filtered, dense ids) + time-ordered leave-one-out split
-    embeddings    item text embeddings (MiniLM, when the item quantizer needs them) + ALS on train
-    semantic_ids  item quantizer(s) + dedup digit, user quantizer, Catalog, figures
-    train         workbench.study.stages.train.train_stage(ctx)      (imported only when run)
-    evaluate      workbench.study.stages.evaluate.evaluate_stage(ctx)
+The runner alone: which stages a run needs (`resolve_stages`), then each in order, `STAGES[name](ctx)` on one
+`StageContext`, with a parent MLflow run and one child run per stage (`run_experiment`) or untracked
+(`prepare_context`). What each stage does lives in its own module under `stages/` (the order and what a stage is:
+`stages/__init__.py`); `STAGES` below is the registry of stage name -> function.
 
 Caching (`workbench.cache.cached`): each stage's products live in `data/cache/<stage>/<key>/`,
 where the key is `config.section_hash` of the config sections the stage reads plus the keys of the
@@ -34,29 +31,18 @@ from typing import Any, Callable
 
 from workbench import names
 from workbench.config import ConfigError, StudyConfig
-from workbench.study.context import NullRun, StageContext
+from workbench.study.context import NullRun, StageContext, say
+from workbench.study.inputs import inputs_from_context
+from workbench.study.stages import DEPENDS, ORDER
 from workbench.study.stages.data import stage_data
 from workbench.study.stages.embeddings import stage_embeddings
+from workbench.study.stages.evaluate import evaluate_stage
 from workbench.study.stages.semantic_ids import stage_semantic_ids
-
-STAGE_ORDER = names.STAGES
-DEPENDS = {
-    "data": (),
-    "embeddings": ("data",),
-    "semantic_ids": ("embeddings",),
-    "train": ("semantic_ids",),
-    "evaluate": ("train",),  # evaluates the models `train` picked (cache hits when nothing changed)
-}
+from workbench.study.stages.train import train_stage
 
 
-def _say(msg: str) -> None:
-    print(msg, flush=True)
-
-
-# ---- later stages (other modules, imported only when run) ---------------------------------------
 def stage_train(ctx: StageContext) -> Any:
-    from workbench.study.stages.train import train_stage
-
+    """The train stage, told how a training worker (`training.workers`) rebuilds its inputs: `study_inputs`."""
     return train_stage(ctx, build_inputs=study_inputs)
 
 
@@ -66,17 +52,9 @@ def study_inputs(cfg: StudyConfig):
     import contextlib
     import io
 
-    from workbench.study.inputs import inputs_from_context
-
     with contextlib.redirect_stdout(io.StringIO()):
         ctx = prepare_context(cfg)
     return inputs_from_context(ctx)
-
-
-def stage_evaluate(ctx: StageContext) -> Any:
-    from workbench.study.stages.evaluate import evaluate_stage
-
-    return evaluate_stage(ctx)
 
 
 STAGES: dict[str, Callable[[StageContext], Any]] = {
@@ -84,7 +62,7 @@ STAGES: dict[str, Callable[[StageContext], Any]] = {
     "embeddings": stage_embeddings,
     "semantic_ids": stage_semantic_ids,
     "train": stage_train,
-    "evaluate": stage_evaluate,
+    "evaluate": evaluate_stage,
 }
 
 
@@ -93,7 +71,7 @@ def resolve_stages(requested) -> list[str]:
     requested = list(requested)
     unknown = [s for s in requested if s not in STAGES]
     if unknown:
-        raise ConfigError(f"unknown stage(s) {', '.join(map(str, unknown))}; valid stages: {', '.join(STAGE_ORDER)}")
+        raise ConfigError(f"unknown stage(s) {', '.join(map(str, unknown))}; valid stages: {', '.join(ORDER)}")
     need: set[str] = set()
 
     def add(s: str) -> None:
@@ -104,11 +82,11 @@ def resolve_stages(requested) -> list[str]:
 
     for s in requested:
         add(s)
-    return [s for s in STAGE_ORDER if s in need]
+    return [s for s in ORDER if s in need]
 
 
 def _run_stage(ctx: StageContext, name: str, index: int, total: int) -> None:
-    _say(f"[{index}/{total}] {name}")
+    say(f"[{index}/{total}] {name}")
     t0 = time.perf_counter()
     out = STAGES[name](ctx)
     if out is not None:
@@ -118,7 +96,7 @@ def _run_stage(ctx: StageContext, name: str, index: int, total: int) -> None:
     if name in ctx.keys:
         hit = ctx.cache_hits.get(name, False)
         ctx.run.set_tags({names.TAG_CONFIG_HASH: ctx.keys[name], names.TAG_CACHE_HIT: hit})
-    _say(f"  {name} done in {ctx.timings[name]:.1f}s" + (" (cached)" if ctx.cache_hits.get(name) else ""))
+    say(f"  {name} done in {ctx.timings[name]:.1f}s" + (" (cached)" if ctx.cache_hits.get(name) else ""))
 
 
 def run_experiment(cfg: StudyConfig, experiment_file: str | Path | None = None, stages=None) -> StageContext:
@@ -164,12 +142,12 @@ def _run_tracked(cfg: StudyConfig, experiment_file: str | Path | None, stages) -
             else:  # the first line: the exception itself follows with its traceback
                 first = str(e).splitlines()[0] if str(e) else ""
                 status = f"FAILED ({type(e).__name__}{': ' + first if first else ''})"
-            _say(f"run {status}; what finished is kept.\n{tracking.ui_hint(parent.run_id)}")
+            say(f"run {status}; what finished is kept.\n{tracking.ui_hint(parent.run_id)}")
             raise
         finally:
             ctx.run = None
         parent.log_dict({"keys": ctx.keys, "cache_hits": ctx.cache_hits, "timings": ctx.timings}, "stages.json")
-    _say(f"parent run id: {parent.run_id}\n{tracking.ui_hint(parent.run_id)}")
+    say(f"parent run id: {parent.run_id}\n{tracking.ui_hint(parent.run_id)}")
     return ctx
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from workbench.cache import cached
 from workbench.config import section_hash
-from workbench.study.context import StageContext, _say
+from workbench.study.context import StageContext, say
 
 CACHE_FORMAT = 1  # bump to invalidate every cache written by an older layout of this module
 
@@ -35,14 +35,14 @@ def stage_data(ctx: StageContext) -> None:
         ds = Dataset.load(folder / "dataset")
         return ds, Split.load(folder / "split", ds.n_users, ds.n_items, cfg.split.max_history)
 
-    (ds, split), info, ctx.cache_hits["data"] = cached("data", key, compute, load, say=_say)
+    (ds, split), info, ctx.cache_hits["data"] = cached("data", key, compute, load, say=say)
     stats = info["stats"]
     ctx.dataset, ctx.split, ctx.keys["data"] = ds, split, key
     ctx.stats["data"] = stats
     ctx.run.log_metrics(stats)
     ctx.run.log_dict({"dataset": cfg.dataset.model_dump(), "split": cfg.split.model_dump()}, "stage_config.json")
     ctx.run.log_table(ds.items.head(50), "items_head.csv")
-    _say(
+    say(
         f"  {ds.name}: {ds.n_users} users, {ds.n_items} items, {len(ds.interactions)} interactions; "
         f"train {len(split.train)} rows (max_history {cfg.split.max_history})"
     )

@@ -14,7 +14,7 @@ import numpy as np
 
 from workbench.cache import cached
 from workbench.config import StudyConfig, section_hash
-from workbench.study.context import StageContext, _say
+from workbench.study.context import StageContext, say
 
 CACHE_FORMAT = 1  # bump to invalidate every cache written by an older layout of this module
 SUPPORTED_TEXT_MODELS = ("all-MiniLM-L6-v2",)
@@ -60,7 +60,7 @@ def stage_embeddings(ctx: StageContext) -> None:
             text_s = time.perf_counter() - t0
             return text, {"stats": {"time/compute/text_embeddings_s": text_s, "embeddings/text_dim": text.shape[1]}}
 
-        text, info, hit = cached("text_embeddings", text_key, compute_text, lambda f, i: np.load(f / "text.npy"), _say)
+        text, info, hit = cached("text_embeddings", text_key, compute_text, lambda f, i: np.load(f / "text.npy"), say)
         hits.append(hit)
         stats.update(info["stats"])
     als_part = emb.model_dump(exclude={"text_model", "batch_size"})
@@ -82,7 +82,7 @@ def stage_embeddings(ctx: StageContext) -> None:
         recall = _als_valid_recall(als, ctx.split)
         return als, {"stats": {"time/compute/als_s": fit_s, "embeddings/als_valid_recall_at_10": recall}}
 
-    als, info, hit = cached("als", als_key, compute_als, lambda f, i: AlsModel.load(f / "als.npz"), _say)
+    als, info, hit = cached("als", als_key, compute_als, lambda f, i: AlsModel.load(f / "als.npz"), say)
     hits.append(hit)
     stats.update(info["stats"])
     folds_key = section_hash("als_folds", CACHE_FORMAT, emb.als_folds, als_key)
@@ -94,7 +94,7 @@ def stage_embeddings(ctx: StageContext) -> None:
         folds.save(folder / "folds")
         return folds, {"stats": {**folds.stats(), "time/compute/als_folds_s": time.perf_counter() - t0}}
 
-    folds, info, hit = cached("als_folds", folds_key, compute_folds, lambda f, i: AlsFolds.load(f / "folds"), _say)
+    folds, info, hit = cached("als_folds", folds_key, compute_folds, lambda f, i: AlsFolds.load(f / "folds"), say)
     hits.append(hit)
     stats.update(info["stats"])
     stats["embeddings/als_factors"] = als.factors
@@ -105,4 +105,4 @@ def stage_embeddings(ctx: StageContext) -> None:
     ctx.run.log_metrics(stats)
     ctx.run.log_dict({"embeddings": emb.model_dump(), "text": _needs_text(cfg)}, "stage_config.json")
     recall = stats["embeddings/als_valid_recall_at_10"]
-    _say(f"  ALS {als.factors} factors, valid recall@10 {recall:.4f}" + (f"; text {text.shape}" if text is not None else ""))
+    say(f"  ALS {als.factors} factors, valid recall@10 {recall:.4f}" + (f"; text {text.shape}" if text is not None else ""))

@@ -33,7 +33,7 @@ from workbench import names
 from workbench.cache import RESUME_FILE, cached
 from workbench.config import section_hash, settings_from
 from workbench.study.compare import Entry, comparison_table
-from workbench.study.context import _say, child_run
+from workbench.study.context import child_run, say
 from workbench.study.inputs import (CACHE_FORMAT, StudyInputs, inputs_from_context, method_test_prompts, seen_items,
                                     test_users, use_threads)
 
@@ -73,12 +73,12 @@ def evaluate_stage(ctx) -> Any:
                 run.log_params({"lr": res.lr, "checkpoint": str(res.checkpoint), "test_users": len(users)})
                 run.log_metrics({k: v for k, v in e.extra[seed].items() if isinstance(v, (int, float))})
                 m = ev["metrics"]
-                _say(f"  {name} seed={seed}: NDCG@10 {m[names.ndcg_at(10)]:.4f} Recall@10 {m[names.recall_at(10)]:.4f} "
+                say(f"  {name} seed={seed}: NDCG@10 {m[names.ndcg_at(10)]:.4f} Recall@10 {m[names.recall_at(10)]:.4f} "
                      f"({time.perf_counter() - t0:.0f}s)")
     table = comparison_table(entries, cfg.evaluation.bootstrap, cfg.seed)
     table.insert(1, "test_users", len(users))
     log_study(ctx, table, trained)
-    _say(format_table(table, cfg))
+    say(format_table(table, cfg))
     ctx.products["evaluate"] = table
     return table
 
@@ -109,7 +109,7 @@ def _baselines(ctx, inp, users: np.ndarray) -> dict[str, Entry]:
             out["sasrec"].per_seed[seed] = q.per_user
             out["sasrec"].extra[seed] = {names.BEST_VALID_NDCG10: info["best_valid_ndcg10"], "lr": info["lr"]}
             run.log_metrics(q.summary())
-    _say(f"  baselines done in {time.perf_counter() - t0:.0f}s")
+    say(f"  baselines done in {time.perf_counter() - t0:.0f}s")
     return out
 
 
@@ -133,7 +133,7 @@ def als_test_lists(cfg, inp, users: np.ndarray, seen, k: int) -> tuple[list, dic
                             show_progress=False)
         vl = als_rank(model.user_factors, model.item_factors, d.train, 10)  # valid: history = train
         ndcg = float(per_user_metrics(ranks_of(vl, d.valid[valid_users]), (10,))[names.ndcg_at(10)].mean())
-        _say(f"  als regularization={reg:g} alpha={alpha:g}: valid NDCG@10 {ndcg:.4f}")
+        say(f"  als regularization={reg:g} alpha={alpha:g}: valid NDCG@10 {ndcg:.4f}")
         if best is None or ndcg > best[0]:
             best = (ndcg, reg, alpha, model)
     ndcg, reg, alpha, model = best
@@ -169,7 +169,7 @@ def sasrec(cfg, inp: StudyInputs, seed: int, log_fn=None):
                                "wall_s": res.wall_s, "history": res.history, "lr": lr}
 
         # resumable: a stopped SASRec goes on after its last finished epoch
-        model, info, _ = cached("sasrec", key, compute, load, _say, resumable=True)
+        model, info, _ = cached("sasrec", key, compute, load, say, resumable=True)
         if best is None or info["best_valid_ndcg10"] > best[2]["best_valid_ndcg10"]:
             best = (model, st, info)
     return best
@@ -203,7 +203,7 @@ def evaluate_method(cfg, inp: StudyInputs, method: str, res, users: np.ndarray, 
 
     out, _, _ = cached("eval", _eval_key(cfg, res.checkpoint, users, rerank_cands, variant),
                        lambda folder: _evaluate(cfg, inp, method, res, users, rerank_cands, progress, folder, variant),
-                       load, _say, collective=True)  # under torchrun every rank beams its share of the users
+                       load, say, collective=True)  # under torchrun every rank beams its share of the users
     return out
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from workbench import names
 from workbench.cache import cached
 from workbench.config import section_hash
-from workbench.study.context import NullRun, StageContext, _say
+from workbench.study.context import NullRun, StageContext, say
 
 CACHE_FORMAT = 1  # bump to invalidate every cache written by an older layout of this module
 
@@ -50,7 +50,7 @@ def stage_semantic_ids(ctx: StageContext) -> None:
         per_kind: dict[str, dict] = {}
         for kind in kinds:
             t0 = time.perf_counter()
-            _say(f"  fitting item quantizer {kind} ({sid.levels} levels x {sid.codebook_size} codes) on {x.shape}")
+            say(f"  fitting item quantizer {kind} ({sid.levels} levels x {sid.codebook_size} codes) on {x.shape}")
             res = item_sids(make_quantizer_of_kind(kind, sid, cfg.seed), x, show_progress=True)
             timings[f"time/compute/item_{kind}_s"] = time.perf_counter() - t0
             res.quantizer.save(folder / f"item_{kind}.npz")
@@ -79,7 +79,7 @@ def stage_semantic_ids(ctx: StageContext) -> None:
             )
         return results, load_quantizer(folder / "user_quantizer.npz"), np.load(folder / "user_codes.npy")
 
-    (results, uq, ucodes), info, ctx.cache_hits["semantic_ids"] = cached("semantic_ids", key, compute, load, _say)
+    (results, uq, ucodes), info, ctx.cache_hits["semantic_ids"] = cached("semantic_ids", key, compute, load, say)
     user_stats, timings = info["user"], info["timings"]
 
     main = results[sid.kind]
@@ -112,7 +112,7 @@ def stage_semantic_ids(ctx: StageContext) -> None:
         "stage_config.json",
     )  # fmt: skip
     _log_sid_figures(ctx, results, user_stats)
-    _say(
+    say(
         f"  item SIDs ({sid.kind}): utilization "
         + ", ".join(f"{main.stats[f'utilization_l{lvl}']:.0%}" for lvl in range(sid.levels))
         + f"; collision rate {main.stats['collision_rate']:.3f}; largest group {main.stats['max_prefix_group']}"

@@ -25,12 +25,8 @@ from workbench import names
 from workbench.cache import cached
 from workbench.config import settings_from
 from workbench.errors import UsageError
-from workbench.study.context import child_run
+from workbench.study.context import child_run, say
 from workbench.study.inputs import StudyInputs, _train_entry, _train_key, inputs_from_context, set_threads, use_threads
-
-
-def _say(msg: str) -> None:
-    print(msg, flush=True)
 
 
 # ---- training -------------------------------------------------------------------------------------
@@ -75,7 +71,7 @@ def train_one(cfg, inp: StudyInputs, method: str, seed: int, lr: float, log_fn=N
 
     # resumable: training saves its state after every epoch in the entry; an interrupted run goes on from there
     # collective: under torchrun every rank trains (its share of each batch), rank 0 writes the entry
-    res, _, hit = cached("train", _train_key(cfg, inp, method, lr, seed), compute, load, _say, resumable=True,
+    res, _, hit = cached("train", _train_key(cfg, inp, method, lr, seed), compute, load, say, resumable=True,
                          collective=True)
     return res, hit
 
@@ -93,7 +89,7 @@ def _train(cfg, inp: StudyInputs, method: str, seed: int, lr: float, folder: Pat
 
     def windows(rng):
         ws = wb.epoch(inp.interactions.train, inp.encoder, rng)
-        _say(f"  {method} seed={seed} lr={lr:g}: {len(ws)} windows, {ws.n_targets} item targets, "
+        say(f"  {method} seed={seed} lr={lr:g}: {len(ws)} windows, {ws.n_targets} item targets, "
              f"{int(ws.lengths().sum())} tokens (mean window {ws.lengths().mean():.0f})")
         return ws
 
@@ -124,7 +120,7 @@ def train_stage(ctx, build_inputs: Callable[[Any], StudyInputs] | None = None) -
         from workbench.study.workers import side_by_side
 
         n = min(cfg.training.workers, len(todo))
-        _say(f"  training {len(todo)} models, {n} at a time in worker processes ({threads_per_worker(cfg)} "
+        say(f"  training {len(todo)} models, {n} at a time in worker processes ({threads_per_worker(cfg)} "
              f"thread(s) each); each model's run is logged when it finishes")
 
         def finished(job, fut) -> None:
@@ -240,6 +236,6 @@ def _log_train(run, res, hit: bool) -> None:
 
 def _say_trained(job, res, hit: bool) -> None:
     method, seed, lr = job
-    _say(f"  {method} seed={seed} lr={lr:g}: valid NDCG@10 {res.best_valid_ndcg10:.4f} "
+    say(f"  {method} seed={seed} lr={lr:g}: valid NDCG@10 {res.best_valid_ndcg10:.4f} "
          f"({res.epochs_run} epochs, {res.wall_s:.0f}s, {res.tokens_per_s:,.0f} tokens/s, "
          f"{res.matmul_share:.0%} of the matmul rate{', bf16' if res.bf16 else ''}{', cached' if hit else ''})")
