@@ -10,7 +10,7 @@
   model's worker died and that a new run resumes; the model's run and the study's are FAILED; no process left.
 - The main process killed (SIGKILL: nothing of it can clean up): its workers notice and exit on their own.
 
-Fault injection (by hand): the worker training seed + 1 (`stages._worker_train`) -> the main process finds no
+Fault injection (by hand): the worker training seed + 1 (`stages.train._worker_train`) -> the main process finds no
 entry for the model and fails; the replay of the worker's metrics left out -> the metric series differ (empty);
 `workers._stop` not terminating the workers -> they train on after SIGTERM and finish their models (done.json); no
 parent watchdog in the workers -> they outlive a killed main process.

@@ -28,9 +28,9 @@ CACHE_FORMAT = 3  # 3: full-sequence windows (older caches are stale)
 class StudyInputs:
     """What the study needs from the data stages, in plain arrays."""
 
-    interactions: Any  # personalization.Interactions
+    interactions: Any  # prompts.Interactions
     item_texts: list[str]
-    encoder: Any  # personalization.UserEncoder
+    encoder: Any  # prompts.UserEncoder
     item_codes: np.ndarray  # [n_items, depth]
     item_codebooks: tuple[int, ...]
     dedup_size: int
@@ -56,7 +56,9 @@ def inputs_from_context(ctx) -> StudyInputs:
     )
 
 
-def _train_key(cfg, inp: StudyInputs, method: str, lr: float, seed: int) -> str:
+def train_key(cfg, inp: StudyInputs, method: str, lr: float, seed: int) -> str:
+    """One trained model's cache key: the model and training config (not the seed and LR lists, threads, workers or
+    save interval), the methods' window sizes, this method, LR and seed, and the semantic-IDs stage's key."""
     tr = cfg.training.model_dump(mode="json")
     for k in ("seeds", "lr_grid", "num_threads", "workers", "save_every_s"):  # threads: rounding only; others: none
         tr.pop(k)
@@ -64,9 +66,9 @@ def _train_key(cfg, inp: StudyInputs, method: str, lr: float, seed: int) -> str:
     return section_hash("train", CACHE_FORMAT, cfg.model, tr, meth, method, float(lr), int(seed), inp.upstream_key)
 
 
-def _train_entry(cfg, inp: StudyInputs, method: str, seed: int, lr: float) -> tuple[Path, dict | None]:
+def train_entry(cfg, inp: StudyInputs, method: str, seed: int, lr: float) -> tuple[Path, dict | None]:
     """A model's cache folder and its stored info (None until the model is complete)."""
-    folder = cache_dir("train", _train_key(cfg, inp, method, lr, seed))
+    folder = cache_dir("train", train_key(cfg, inp, method, lr, seed))
     return folder, read_done(folder)
 
 
@@ -125,13 +127,13 @@ class StudyError(ValueError):
 
 def trained_checkpoint(cfg, inp: StudyInputs, method: str, seed: int | None = None) -> Path:
     """The checkpoint `workbench run` trained for `method` (seed: the first of training.seeds; the LR of the
-    grid with the best validation Recall@10, as the train stage picks it). Never trains: says how to."""
+    grid with the best validation NDCG@10, as the train stage picks it). Never trains: says how to."""
     from workbench.study.train import TrainResult
 
     seed = cfg.training.seeds[0] if seed is None else seed
     found = []
     for lr in cfg.training.lr_grid:
-        info = _train_entry(cfg, inp, method, seed, lr)[1]
+        info = train_entry(cfg, inp, method, seed, lr)[1]
         if info is not None:
             res = TrainResult.from_dict(info)
             if res.checkpoint.exists():

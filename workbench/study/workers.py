@@ -1,7 +1,7 @@
 """Jobs run side by side in worker processes, stopped with the process that started them.
 
-What the train stage uses to train several models at a time (`training.workers`, stages.py says why and what
-stays the same). This module knows nothing of the study: it runs `fn(job)` for each job in `n` spawned processes
+What the train stage uses to train several models at a time (`training.workers`, stages/train.py says why and
+what stays the same). This module knows nothing of the study: it runs `fn(job)` for each job in `n` spawned processes
 (fresh interpreters: no forked OpenMP, MLflow or signal state), each set up once by `init(*init_args)`, and calls
 `on_done(job, future)` in the calling process as each job ends, in the order they end.
 

@@ -26,7 +26,7 @@ from workbench.cache import cached
 from workbench.config import settings_from
 from workbench.errors import UsageError
 from workbench.study.context import child_run, say
-from workbench.study.inputs import StudyInputs, _train_entry, _train_key, inputs_from_context, set_threads, use_threads
+from workbench.study.inputs import StudyInputs, inputs_from_context, set_threads, train_entry, train_key, use_threads
 
 
 # ---- training -------------------------------------------------------------------------------------
@@ -71,7 +71,7 @@ def train_one(cfg, inp: StudyInputs, method: str, seed: int, lr: float, log_fn=N
 
     # resumable: training saves its state after every epoch in the entry; an interrupted run goes on from there
     # collective: under torchrun every rank trains (its share of each batch), rank 0 writes the entry
-    res, _, hit = cached("train", _train_key(cfg, inp, method, lr, seed), compute, load, say, resumable=True,
+    res, _, hit = cached("train", train_key(cfg, inp, method, lr, seed), compute, load, say, resumable=True,
                          collective=True)
     return res, hit
 
@@ -110,7 +110,7 @@ def train_stage(ctx, build_inputs: Callable[[Any], StudyInputs] | None = None) -
     inp = inputs_from_context(ctx)
     jobs = [(m, s, lr) for m in cfg.methods.run for s in cfg.training.seeds for lr in cfg.training.lr_grid]
     done: dict[tuple, tuple[Any, bool]] = {}  # job -> (TrainResult, cache hit)
-    todo = [job for job in jobs if _train_entry(cfg, inp, *job)[1] is None]
+    todo = [job for job in jobs if train_entry(cfg, inp, *job)[1] is None]
     if cfg.training.workers > 1 and len(todo) > 1:
         if dist.world().size > 1:
             raise UsageError("training.workers > 1 does not combine with torchrun (every rank already trains its "
@@ -219,7 +219,7 @@ def _trained_by_worker(cfg, inp: StudyInputs, method: str, seed: int, lr: float)
     """The TrainResult a worker stored for this model (read, never trained here: a missing entry is a bug)."""
     from workbench.study.train import TrainResult
 
-    folder, info = _train_entry(cfg, inp, method, seed, lr)
+    folder, info = train_entry(cfg, inp, method, seed, lr)
     if info is None:
         raise RuntimeError(f"the worker that trained {method} seed={seed} lr={lr:g} left no complete entry in {folder}")
     return TrainResult.from_dict(info)
