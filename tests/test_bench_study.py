@@ -99,7 +99,7 @@ def test_test_split_load_on_trained_checkpoints_joins_quality(trained_study, tmp
 def test_test_split_needs_a_study_and_a_trained_method(trained_study):
     from workbench.load.bench import run_bench
     from workbench.config import ConfigError, parse_config
-    from workbench.study.inputs import StudyError
+    from workbench.study.outputs import StudyError
 
     base = {"name": "x",
             "load": {"workload": "personalization", "prompts_from": "test_split", "checkpoints": ["trained:none"]}}

@@ -46,7 +46,7 @@ def _tracking_override(args) -> dict:
 
 def _cmd_run(args) -> int:
     from workbench.config import load_study
-    from workbench.study.pipeline import resolve_stages, run_experiment
+    from workbench.study.outputs import resolve_stages, run_experiment
 
     if args.stages:
         resolve_stages(args.stages)  # a misspelt --stages fails before the config loads or MLflow starts

@@ -27,20 +27,19 @@ class StudySource:
     @property
     def inputs(self):
         if self._inputs is None:
-            from workbench.study.pipeline import prepare_context
-            from workbench.study.inputs import inputs_from_context
+            from workbench.study.outputs import inputs_from_context, prepare_context
 
             print(f"[bench] preparing the study {self.path} (data, embeddings, SIDs; cached)", file=sys.stderr)
             self._inputs = inputs_from_context(prepare_context(self.cfg))
         return self._inputs
 
     def checkpoint(self, method: str) -> Path:
-        from workbench.study.inputs import trained_checkpoint
+        from workbench.study.outputs import trained_checkpoint
 
         return trained_checkpoint(self.cfg, self.inputs, method).resolve()
 
     def test_prompts(self, checkpoint: Path):
-        from workbench.study.inputs import study_test_prompts
+        from workbench.study.outputs import study_test_prompts
 
         if checkpoint not in self._prompts:
             self._prompts[checkpoint] = study_test_prompts(self.cfg, checkpoint, self.inputs)

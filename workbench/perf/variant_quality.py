@@ -7,7 +7,7 @@ Why: bf16 keeps 8 bits of mantissa, so beam scores of near-tied SIDs can swap; t
 (or of int8) is only worth having if the ranking it serves is as good. This runs the study's own
 test prompts (the same users, the same constrained beam search of `evaluation.beam_width`) through the
 torch engine once per variant, and reports Recall@10 / NDCG@10 per variant and the paired difference
-against the first variant with a bootstrap interval over users (`study/evaluate.compare`: one trained
+against the first variant with a bootstrap interval over users (`study.outputs.compare`: one trained
 model, so the interval covers user sampling, which is the whole source of variation between two
 engines serving the same weights). The checkpoint is the one `workbench run` trained (it never trains).
 
@@ -32,7 +32,7 @@ def _evaluate(checkpoint, prompts, beam_width: int, dtype: str, options: dict, b
     """Quality of one variant (constrained beam search over the prompts) and its wall time."""
     from workbench.engines import registry
     from workbench.model.checkpoint import read_catalog
-    from workbench.study.evaluate import Quality, beam_rank, device_options
+    from workbench.study.outputs import Quality, beam_rank, device_options
     from workbench.sync import run_sync
 
     catalog = read_catalog(checkpoint)
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from workbench.hardware import cpu_info
     from workbench.load.sources import StudySource
-    from workbench.study.evaluate import compare
+    from workbench.study.outputs import compare
 
     if a.threads:
         torch.set_num_threads(a.threads)

@@ -1,0 +1,29 @@
+"""The study's public face: the one module of `workbench.study` that the other layers (load/, perf/, report/, the
+CLI) import, so the study's insides can move without them noticing (an import-linter contract holds them to it).
+
+Run a study (the CLI's `workbench run`):
+
+    order = resolve_stages(["evaluate"])                   # a stage and every stage it needs, in order
+    ctx = run_experiment(cfg, "experiments/quickstart.yaml")
+
+Read what it produced (a load test's `trained:<method>` checkpoints and `prompts_from: test_split`):
+
+    inputs = inputs_from_context(prepare_context(cfg))     # data, embeddings, SIDs: cached, untracked
+    ckpt = trained_checkpoint(cfg, inputs, "none")         # what `workbench run` trained; never trains
+    prompts = study_test_prompts(cfg, ckpt, inputs)        # its test prompts, as evaluation sends them
+
+Measure quality the way the study does (a faster engine variant against float32, `perf/variant_quality.py`):
+`beam_rank` through an engine on `device_options()`, `Quality` of the lists, `compare` of two Qualities.
+A checkpoint or prompts the study has not produced raise `StudyError`.
+"""
+
+from __future__ import annotations
+
+from workbench.study.evaluate import Quality, beam_rank, compare, device_options
+from workbench.study.inputs import StudyError, StudyInputs, inputs_from_context, study_test_prompts, trained_checkpoint
+from workbench.study.pipeline import prepare_context, resolve_stages, run_experiment
+
+__all__ = [
+    "Quality", "StudyError", "StudyInputs", "beam_rank", "compare", "device_options", "inputs_from_context",
+    "prepare_context", "resolve_stages", "run_experiment", "study_test_prompts", "trained_checkpoint",
+]  # fmt: skip
