@@ -175,6 +175,7 @@ def sasrec(cfg, inp: StudyInputs, seed: int, log_fn=None):
     return best
 
 
+# ---- the trained models -----------------------------------------------------------------------
 def _eval_key(cfg, train_ckpt: Path, users: np.ndarray, rerank_cands, variant: str = "own") -> str:
     """Hashes everything an evaluation reads, including the re-rank candidates themselves (they come
     from SASRec, whose own cache key is not part of the checkpoint's: a retrained SASRec must not reuse
