@@ -13,7 +13,9 @@ Measures, in one run (a script, not a timed test):
 - KV-cache bytes held at beam 30 vs beam 1 (shared prompt KV, not one copy per beam);
 - throughput at 32 concurrent requests vs 1 (batching works).
 
-Prints a table and, last, one JSON line with every number. Example:
+Prints a table and, last, one JSON line with every number; each invocation is also one MLflow run in the
+experiment `perf` (arguments, CPU, versions, that JSON and its headline numbers: `perf/record.py`; `--experiment`,
+`--tracking-uri`, `--no-track`), which `workbench report --experiment perf` shows. Example:
 
     workbench microbench --model 2.4m --quick
     workbench microbench --model 25m              # ~25M-parameter Qwen3
@@ -47,6 +49,7 @@ from typing import Callable
 from workbench import tracking
 from workbench.engines import torch_options
 from workbench.errors import UsageError
+from workbench.perf import record
 from workbench.hardware import matmul_gflops
 from workbench.engines.workloads import SyntheticWorkload, WorkloadShape
 from workbench.model.random_checkpoint import SIZES, make_random_checkpoint, random_size
@@ -98,6 +101,7 @@ def parse_args(argv):
                         "gemm=onednn) on the same beam requests, alternating in one process; prints the paired "
                         "ratio B / A (workbench/perf/abbench.py)")
     torch_options.add_flags(p)
+    record.add_flags(p)
     return p.parse_args(argv)
 
 
@@ -130,16 +134,15 @@ def check(results):
     return results
 
 
-MODES = ("microbench", "floor", "ab")  # the side-by-side default, `--floor`, `--ab A B`
-
-
 def mode_of(args: argparse.Namespace) -> str:
     return "ab" if args.ab else "floor" if args.floor else "microbench"
 
 
 def parse(argv) -> argparse.Namespace:
-    """The arguments, with every combination that cannot run refused (a UsageError) before any work starts;
-    `args.options`: the torch engine options the flags ask for."""
+    """The arguments, with every combination that cannot run refused (a UsageError) before any work starts or a
+    run is recorded; `args.options`: the torch engine options the flags ask for, `args.sides`: `--ab`'s A and B."""
+    from workbench.perf.abbench import parse_options
+
     args = parse_args(argv)
     args.options = torch_options.from_args(args)
     if args.ab:
@@ -147,6 +150,7 @@ def parse(argv) -> argparse.Namespace:
             raise UsageError("with --ab, give --compile / --quantize inside A or B (compile=true, quantize=int8)")
         if args.dtype == "both":
             raise UsageError("--dtype both is for --floor; with --ab give each side's dtype inside A or B")
+        args.sides = [{"dtype": args.dtype} | parse_options(x) for x in args.ab]  # --dtype: a side's unless set
     elif not args.floor and args.dtype == "both":
         raise UsageError("--dtype both is for --floor; the side-by-side microbench runs one dtype")
     return args
@@ -173,9 +177,9 @@ def run_ab_mode(args: argparse.Namespace, line: str) -> list[dict]:
     """`--ab A B`: both configurations on the same requests (abbench.py); its JSON document."""
     import torch
 
-    from workbench.perf.abbench import parse_options, run_ab
+    from workbench.perf.abbench import run_ab
 
-    a, b = ({"dtype": args.dtype} | parse_options(x) for x in args.ab)  # --dtype: a side's unless it sets one
+    a, b = args.sides
     print(f"cpu: {line}; threads {torch.get_num_threads()}", file=sys.stderr)
     with tempfile.TemporaryDirectory() as tmp:
         ck = checkpoint_for(args, Path(tmp))
@@ -437,13 +441,17 @@ RUNNERS: dict[str, Callable[[argparse.Namespace, str], list[dict]]] = {
 
 
 def main(argv=None) -> int:
-    """Parse, set the thread count, run the mode (its engines, warm-up, measurements, table and JSON)."""
-    args = parse(argv or [])
+    """Parse, set the thread count, run the mode (its engines, warm-up, measurements, table and JSON) inside one
+    MLflow run that records what it printed (record.py; `--no-track`: none)."""
+    argv = list(argv or [])
+    args = parse(argv)
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    RUNNERS[mode_of(args)](args, cpu_line())
+    mode = mode_of(args)
+    with record.perf_run(args, argv, mode, torch.get_num_threads()) as rec:
+        rec.log(RUNNERS[mode](args, cpu_line()))
     return 0
 
 
