@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from workbench import names
@@ -22,8 +23,9 @@ from workbench.perf import record
 PHASES = ("prefill_gemm", "prefill_attention", "decode_gemm", "decode_attention", "lm_head")  # floorbench's
 ENGINE_PARTS = (("engine_prefill_forward_ms", "prefill forward"), ("engine_decode_forwards_ms", "decode forwards"),
                 ("engine_other_ms", "selection / scheduling"))
-TABLE_COLUMNS = ["date", "mode", "command", "model", "dtype", "threads", "CPU", "commit", "ms", "vs ms", "ratio",
-                 "ratio is", "status"]
+# the command line last: it is long (a checkpoint path), and the numbers stay in view before it
+TABLE_COLUMNS = ["date", "mode", "model", "dtype", "threads", "ms", "vs ms", "ratio", "ratio is", "CPU", "commit",
+                 "status", "command"]
 
 
 @dataclass
@@ -64,7 +66,7 @@ def collect_perf_runs(runs, latest: bool, load_artifact) -> PerfRuns:
         t = r.data.tags
         when = _dt.datetime.fromtimestamp(r.info.start_time / 1000)
         mode = t.get(names.TAG_PERF_MODE, "")
-        model = t.get(names.TAG_MODEL_SIZE) or t.get(names.TAG_CHECKPOINT, "")
+        model = t.get(names.TAG_MODEL_SIZE) or Path(t.get(names.TAG_CHECKPOINT, "")).name  # a size, or its folder
         label = f"{mode} {model} {when:%m-%d %H:%M}"
         doc = load_artifact(r.info.run_id, record.ARTIFACT) or {}
         results = doc.get("results") or []

@@ -76,13 +76,16 @@ def figure_count(path: Path) -> int:
     return Path(path).read_text(encoding="utf-8").count("Plotly.newPlot(")
 
 
-def write_png(report: Path, png: Path, width: int = WIDTH, max_height: int = MAX_HEIGHT) -> Path:
-    """A PNG of HTML report `report`: `width` px wide, the whole page or its top `max_height` px."""
+def write_png(report: Path, png: Path, width: int = WIDTH, max_height: int = MAX_HEIGHT, in_browser=None) -> Path:
+    """A PNG of HTML report `report`: `width` px wide, the whole page or its top `max_height` px; in browser
+    `in_browser` where one is open already (one Playwright per thread), else in one started for it."""
     report, png = Path(report), Path(png)
     if not report.is_file():
         raise PictureError(f"no report at {report}: write it first (workbench report --experiment NAME -o {report})")
     png.parent.mkdir(parents=True, exist_ok=True)
-    with browser() as b, open_report(b, report, width) as (page, errors):
+    with contextlib.ExitStack() as stack:
+        b = in_browser or stack.enter_context(browser())
+        page, errors = stack.enter_context(open_report(b, report, width))
         if errors:
             raise RuntimeError(f"the report {report} drew with errors: {errors}")
         full = page.evaluate("() => document.documentElement.scrollHeight")
