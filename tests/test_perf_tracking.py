@@ -149,3 +149,9 @@ def test_floor_figure_stacks_what_the_run_printed(perf):
     matmul = [sum(by_name[p].y[n + i] for p in by_name if not p.startswith("engine:")) for i in range(n)]
     assert kernels == pytest.approx([d["kernel_floor_ms"] for d in docs])
     assert matmul == pytest.approx([d["matmul_floor_ms"] for d in docs])
+
+
+def test_every_mode_has_a_runner_and_headlines():
+    from workbench.perf import microbench
+
+    assert set(microbench.RUNNERS) == set(names.PERF_MODES) == set(record.HEADLINES) == set(record.SUMMARY)
