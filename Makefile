@@ -65,6 +65,17 @@ microbench: setup
 clean-cache:
 	rm -rf data/cache
 
+# The README's picture of a report: the quickstart study's (its MLflow experiment, made by `make demo`), the top of
+# the page at 1200 px wide, to docs/images/report.png. Needs Chromium (`make system-deps`); the HTML goes to reports/.
+QUICKSTART := experiments/quickstart.yaml
+.PHONY: report-picture
+report-picture: setup
+	@exp=$$($(PY) -c "from workbench.config import load_study; print(load_study('$(QUICKSTART)').experiment_name)") \
+	  && $(PY) -m workbench.cli report --experiment "$$exp" --latest -o reports/quickstart.html \
+	       --png docs/images/report.png \
+	  || { echo "no picture taken. If the error above says there is no such MLflow experiment, run the quickstart" \
+	            "first: make demo (then make report-picture again)" >&2; exit 1; }
+
 # A team MLflow server: PostgreSQL store + artifacts through the server, data in data/mlflow-server/ (README
 # "A team MLflow server"). HOST (default 127.0.0.1: MLflow has no auth) and PORT (5000) from the environment
 # or `make mlflow-server HOST=... PORT=...`. Idempotent: initdb once, start what is not running.

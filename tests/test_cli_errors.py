@@ -40,6 +40,9 @@ ROWS = [
     ("bench-binary-file", ["bench", "{binary}"], "is not UTF-8 text"),
     ("report-output-is-directory", ["report", "--experiment", "x", "-o", "{folder}"], "is a directory"),
     ("report-unknown-experiment", ["report", "--experiment", "nope", "-o", "{out}"], "no MLflow experiment 'nope'"),
+    ("microbench-bad-ab-option", ["microbench", "--ab", "gemm=mkl", "gemm=onednn"], "'gemm=mkl' is not one of"),
+    ("microbench-dtype-both", ["microbench", "--dtype", "both"], "--dtype both is for --floor"),
+    ("variant-quality-missing-study", ["variant-quality", "{missing}"], "does not exist"),
 ]
 
 

@@ -1,7 +1,8 @@
 """`workbench microbench --floor`: FLOP accounting by phase and a real (tiny) run of the floor table.
 
 No timing is asserted (shared, noisy machines): only that the accounting is right and every measured
-number is present, positive and consistent with its parts.
+number is present, positive and consistent with its parts. Each run records an MLflow run in a temporary
+store (`mlflow_store`); what it records is checked in test_perf_tracking.py.
 """
 
 import json
@@ -47,7 +48,7 @@ def test_flops_by_phase_match_hand_counts(checkpoint):
     assert fl["lm_head"] == pytest.approx(2 * 64 * vocab * (1 + 6 * 4))
 
 
-def test_floor_table_runs_on_a_real_engine(checkpoint, capsys):
+def test_floor_table_runs_on_a_real_engine(checkpoint, capsys, mlflow_store):
     rc = microbench_main(["--floor", "--quick", "--threads", "1", "--checkpoint", str(checkpoint),
                           "--prompt-len", "64", "--beam", "6", "--new-tokens", "5"])
     assert rc == 0
@@ -73,7 +74,7 @@ def test_floor_table_runs_on_a_real_engine(checkpoint, capsys):
     assert out["matmul_gflops"] == pytest.approx(rates[len(rates) // 2])
 
 
-def test_floor_runs_both_dtypes_side_by_side(checkpoint, capsys):
+def test_floor_runs_both_dtypes_side_by_side(checkpoint, capsys, mlflow_store):
     """`--dtype both`: float32 then bfloat16 in one run, each against its own matmul rate, one summary table
     naming the CPU."""
     from workbench.hardware import cpu_info
@@ -89,7 +90,7 @@ def test_floor_runs_both_dtypes_side_by_side(checkpoint, capsys):
     assert "| torch | float32 |" in text and "| torch | bfloat16 |" in text
 
 
-def test_ab_runs_two_engines_on_the_same_requests(checkpoint, capsys):
+def test_ab_runs_two_engines_on_the_same_requests(checkpoint, capsys, mlflow_store):
     """`--ab A B`: both engines, the same requests alternating; the ratio and the same-beams count come from the
     per-request rows. bf16 default vs packed oneDNN GEMMs give the same beams bit for bit (torch_onednn.py)."""
     from workbench.engines import torch_onednn

@@ -72,6 +72,8 @@ def test_report_standalone_with_figures(study):
     assert "evaluate/hf-bf16: runs differ in workbench.dtype: 'float32' vs 'bfloat16'" in plain
     # every table scrolls inside its own box: the page never gets wider than the window
     assert ".tbl{overflow-x:auto" in text and text.count("<table") == text.count("<div class='tbl")
+    # no performance runs here: no section for them, not even a count (the sweep's report is as before)
+    assert "id='perf'" not in text and "performance run" not in text
 
 
 def test_study_join_and_refusal(study):

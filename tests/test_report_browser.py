@@ -3,19 +3,24 @@
 The experiments are tiny real runs in a temporary MLflow store: the shared tiny study
 (`workbench.testing.TINY_STUDY_OVERRIDES`, trained and evaluated through the pipeline, with the
 user-signal ablation), two sweeps of the torch engine that differ only in dtype (the report must
-draw them as two series), and a sweep of the study's own trained checkpoints (its quality joins
-them: the quality-vs-cost front). Each report is opened in headless Chromium (Debian's
-`/usr/bin/chromium`, driven by Playwright; no browser is downloaded) and checked from the DOM:
-plotly loaded, every figure has traces and every trace drew SVG marks, lines join their points
-along the x axis, tables stay inside the page, no console error. A full-page screenshot of each
-is saved under the test's tmp folder and its path printed. Without Chromium or Playwright the
+draw them as two series), a sweep of the study's own trained checkpoints (its quality joins
+them: the quality-vs-cost front), and two performance runs (`workbench microbench --floor` and
+`--ab`). Each report is opened in headless Chromium (Debian's `/usr/bin/chromium`, driven by
+Playwright through `workbench.report.picture`, the helper `workbench report --png` uses; no browser
+is downloaded) and checked from the DOM: plotly loaded, every figure has traces and every trace drew
+SVG marks, lines join their points along the x axis, tables stay inside the page, no console error.
+A full-page screenshot of each is saved under the test's tmp folder and its path printed, and the
+README's picture (`--png`) is taken of one and checked small. Without Chromium or Playwright the
 browser checks skip and say why; the content checks still run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import math
+import struct
 import time
 from pathlib import Path
 
@@ -25,8 +30,8 @@ import yaml
 from workbench import names
 
 pytestmark = pytest.mark.timeout(300)
-CHROMIUM = Path("/usr/bin/chromium")
-KINDS = {"study": "browser_study", "load": "browser_load", "join": "browser_study,browser_study_load"}
+KINDS = {"study": "browser_study", "load": "browser_load", "join": "browser_study,browser_study_load",
+         "perf": "browser_perf"}
 STUDY_FIGURES = ["study: test quality per method", "study: what the user signal carries",
                  "study: quality vs prompt length", "study: validation NDCG@10 per epoch",
                  "study: validation NDCG@10 vs training FLOPs", "study: SID codebook utilization"]  # fmt: skip
@@ -61,6 +66,17 @@ def _sweep(name: str, engines: list[dict], load: dict) -> None:
     assert [c.error for c in res.children] == [None] * len(res.children)
 
 
+def _perf_runs(checkpoint: Path) -> None:
+    """`workbench microbench --floor --dtype both` and `--ab`, tiny, into the experiment browser_perf."""
+    from workbench.perf.microbench import main as microbench_main
+
+    shape = ["--quick", "--threads", "1", "--checkpoint", str(checkpoint), "--prompt-len", "16", "--beam", "4",
+             "--new-tokens", "3", "--experiment", "browser_perf"]  # fmt: skip
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert microbench_main(["--floor", "--dtype", "both", *shape]) == 0
+        assert microbench_main(["--ab", "gemm=default", "gemm=onednn", *shape]) == 0
+
+
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory, bench_checkpoint, one_torch_thread):
     """{kind: report path}, or {kind: None} where the study could not be built (no MovieLens wheel)."""
@@ -77,9 +93,10 @@ def reports(tmp_path_factory, bench_checkpoint, one_torch_thread):
                 "beam_width": 4, "max_new_tokens": 3}  # fmt: skip
         for dtype in ("float32", "bfloat16"):  # the same engine in two dtypes, two sweeps: two series
             _sweep("browser_load", [{"name": "torch", "dtype": dtype}], beam)
+        _perf_runs(bench_checkpoint)
         kinds = dict(KINDS)
         if importlib.util.find_spec("recbole") is None:  # MovieLens-100K ships in the recbole wheel
-            kinds = {"load": KINDS["load"]}
+            kinds = {k: KINDS[k] for k in ("load", "perf")}
         else:
             study = _tiny_study(tmp)
             _sweep("browser_study_load", [{"name": "torch"}],
@@ -182,37 +199,25 @@ _INSPECT = """() => [...document.querySelectorAll('.js-plotly-plot')].map(el => 
 
 @pytest.fixture(scope="module")
 def browser():
-    if not CHROMIUM.exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install -y chromium (.ci/run installs it)")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip("playwright is not installed: pip install -e '.[test]' (it drives the system Chromium)")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=["--disable-gpu"])
+    from workbench.report import picture
+
+    why = picture.missing()
+    if why:
+        pytest.skip(why)
+    with picture.browser() as b:
         yield b
-        b.close()
 
 
 def open_report(browser, path: Path, shot: Path, width: int = 1280) -> dict:
     """Open a report in Chromium, wait for plotly to draw every figure; its figures, errors and page width."""
-    page = browser.new_page(viewport={"width": width, "height": 900})
-    errors: list[str] = []
-    page.on("console", lambda m: errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
-    try:
-        page.goto(path.resolve().as_uri(), wait_until="load")
-        expected = path.read_text().count("Plotly.newPlot(")
-        page.wait_for_function(
-            """n => window.Plotly && document.querySelectorAll('.js-plotly-plot').length === n &&
-                   [...document.querySelectorAll('.js-plotly-plot')].every(el => el._fullLayout && el.calcdata)""",
-            arg=expected, timeout=30_000)  # fmt: skip
+    from workbench.report import picture
+
+    with picture.open_report(browser, path, width) as (page, errors):
         figs = page.evaluate(_INSPECT)
         scroll_w, inner_w = page.evaluate("() => [document.documentElement.scrollWidth, window.innerWidth]")
         page.screenshot(path=str(shot), full_page=True)
-    finally:
-        page.close()
-    return {"expected": expected, "figures": figs, "errors": errors, "scroll_width": scroll_w, "width": inner_w}
+    return {"expected": picture.figure_count(path), "figures": figs, "errors": list(errors),
+            "scroll_width": scroll_w, "width": inner_w}
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -242,7 +247,26 @@ def test_report_draws_in_chromium(reports, browser, kind):
     if kind == "load":
         lat = next(f for f in figs if f["title"].endswith("latency vs achieved QPS"))
         assert {"torch · float32 p99", "torch · bfloat16 p99"} <= set(lat["names"])
+    if kind == "perf":
+        assert titles == ["perf: engine time vs compute floor, by phase", "perf: A/B per-request ratio"]
     assert shot.stat().st_size > 10_000
     print(f"\n{kind}: {len(figs)} figures, {sum(f['traces'] for f in figs)} traces drawn, no console errors, "
           f"{time.perf_counter() - t0:.1f}s in Chromium; screenshot {shot}")
 
+
+def _png_size(path: Path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return struct.unpack(">II", head[16:24])
+
+
+def test_report_picture_is_small(reports, browser, tmp_path):
+    """`workbench report --png` (the README's picture): the top of the page, a fixed width, well under 500 KB."""
+    from workbench.report import picture
+
+    kind = "join" if "join" in reports["paths"] else "load"
+    png = picture.write_png(reports["paths"][kind], tmp_path / "report.png", in_browser=browser)
+    width, height = _png_size(png)
+    assert width == picture.WIDTH and 900 <= height <= picture.MAX_HEIGHT, (width, height)
+    assert 10_000 < png.stat().st_size < 500_000, png.stat().st_size
+    print(f"\n{kind} picture: {width}x{height} px, {png.stat().st_size / 1000:.0f} KB: {png}")

@@ -32,7 +32,7 @@ int8 (workbench/engines/torch_int8.py):
 - the combinations it cannot run (bfloat16, batch_invariant, unknown modes) fail up front.
 Guarantees: the int8 arithmetic is what it claims (kernel test) and the engine's int8 model ranks
 like the float32 one on these random models; not a quality bound for trained checkpoints
-(workbench/perf/variant_quality.py measures that on a study's test users).
+(`workbench variant-quality` measures that on a study's test users).
 
 Fault injection (each done once while writing this, then reverted):
 - compiled RoPE with the sign of rotate_half flipped for q (a separate function compiled in its place, eager

@@ -1,4 +1,4 @@
-"""`workbench` command line: run | validate | serve | microbench | bench | report | engines.
+"""`workbench` command line: run | validate | serve | microbench | variant-quality | bench | report | engines.
 
 Each subcommand imports its module only when called, so `workbench validate` stays instant and
 never imports torch or an engine backend.
@@ -84,10 +84,19 @@ def _cmd_serve(args) -> int:
     return 0
 
 
-def _cmd_microbench(args) -> int:
-    from workbench.perf.microbench import main as microbench_main
+# subcommands that parse their own flags (argparse REMAINDER misses leading --flags): name -> module with main(argv)
+_FORWARDED = {"microbench": "workbench.perf.microbench", "variant-quality": "workbench.perf.variant_quality"}
 
-    return microbench_main(args.rest)
+
+def _forwarded(name: str, rest: list[str]):
+    """The `func` of a forwarded subcommand: its module's own `main(rest)`."""
+
+    def run(args) -> int:
+        import importlib
+
+        return importlib.import_module(_FORWARDED[name]).main(rest)
+
+    return run
 
 
 def _cmd_bench(args) -> int:
@@ -104,9 +113,17 @@ def _cmd_report(args) -> int:
     from workbench import tracking
     from workbench.report.html import write_report
 
+    if args.png:
+        from workbench.report import picture
+
+        why = picture.missing()  # before reading the runs: that can take a while
+        if why:
+            raise picture.PictureError(f"--png needs a browser: {why}")
     with tracking.use(args.tracking_uri):  # no config here: the flag, else MLFLOW_TRACKING_URI, else local
         out = write_report(args.experiment, Path(args.output), latest=args.latest)
     print(f"report written to {out}")
+    if args.png:
+        print(f"picture written to {picture.write_png(out, Path(args.png))}")
     return 0
 
 
@@ -167,9 +184,15 @@ def build_parser() -> argparse.ArgumentParser:
     torch_options.add_flags(s)
     s.set_defaults(func=_cmd_serve)
 
-    s = sub.add_parser("microbench", help="torch engine vs hf baseline, side by side (prints ratios)")
+    s = sub.add_parser("microbench", help="torch engine vs hf baseline, side by side, --floor or --ab (prints "
+                                          "ratios; one MLflow run in experiment perf); its flags: microbench -h")
     s.add_argument("rest", nargs=argparse.REMAINDER)
-    s.set_defaults(func=_cmd_microbench)
+    s.set_defaults(func=lambda args: _forwarded("microbench", args.rest)(args))
+
+    s = sub.add_parser("variant-quality", help="what bfloat16 / int8 cost in Recall@10 and NDCG@10 on a trained "
+                                               "study's test users; its flags: variant-quality -h")
+    s.add_argument("rest", nargs=argparse.REMAINDER)
+    s.set_defaults(func=lambda args: _forwarded("variant-quality", args.rest)(args))
 
     s = sub.add_parser("bench", parents=[common, store],
                        help="run a load-sweep file (latency vs QPS, saturation, cost)")
@@ -182,8 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a name, or several comma-separated (a load sweep and the study whose quality it joins)")
     s.add_argument("-o", "--output", required=True)
     s.add_argument("--latest", action="store_true",
-                   help="only the most recent load sweep and study run of each experiment (a re-run otherwise shows "
-                        "twice)")
+                   help="only the most recent load sweep and study run of each experiment, and performance run of "
+                        "each command line (a re-run otherwise shows twice)")
+    s.add_argument("--png", default=None, metavar="FILE",
+                   help="also a PNG picture of the report's top (1200 px wide, at most 2400 px tall; headless "
+                        "Chromium)")
     s.set_defaults(func=_cmd_report)
 
     s = sub.add_parser("engines", parents=[common],
@@ -203,12 +229,14 @@ def main(argv: list[str] | None = None) -> int:
 
         reexec_with_hugepages()
     argv = sys.argv[1:] if argv is None else list(argv)
-    head = argv[1:] if argv[:1] == ["--debug"] else argv
-    if head[:1] == ["microbench"]:  # forwards its own flags (argparse REMAINDER misses leading --flags)
-        from workbench.perf.microbench import main as microbench_main
+    from workbench.progress import quiet_library_bars
 
-        return microbench_main(head[1:])
-    args = build_parser().parse_args(argv)
+    quiet_library_bars()  # off a terminal, the libraries' tqdm frames would fill the log (progress.py)
+    head = argv[1:] if argv[:1] == ["--debug"] else argv
+    if head[:1] and head[0] in _FORWARDED:  # parses its own flags, handled below like every subcommand
+        args = argparse.Namespace(debug=argv[:1] == ["--debug"], func=_forwarded(head[0], head[1:]))
+    else:
+        args = build_parser().parse_args(argv)
     from workbench import signals
 
     signals.install()  # SIGTERM/SIGHUP clean up like Ctrl-C (servers stopped, runs KILLED)

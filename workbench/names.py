@@ -120,3 +120,39 @@ TAG_PROMPTS_FROM = "workbench.prompts_from"
 TAG_SLO_SOURCE = "workbench.slo_source"
 TAG_SATURATED = "workbench.saturated_within_slo"
 TAG_SIGNAL = "workbench.signal"  # own | shuffled | zeroed: the user signal an evaluation fed
+
+# ---- performance runs: one run per `workbench microbench` invocation, whichever mode ------------------------
+STAGE_PERF = "perf"
+PERF_EXPERIMENT = "perf"  # their MLflow experiment unless `--experiment` names another
+PERF_MODES = ("microbench", "floor", "ab")  # torch vs hf side by side (the default), `--floor`, `--ab A B`
+TAG_PERF_MODE = "workbench.perf_mode"
+TAG_COMMAND = "workbench.command"  # the command line as given
+TAG_MODEL_SIZE = "workbench.model_size"  # a random checkpoint's named size (model/random_checkpoint.py)
+TAG_THREADS = "workbench.threads"  # torch intra-op threads the run measured with
+# the side-by-side default
+PERF_BEAM_MS = "perf/beam_torch_ms_per_request"  # at `--concurrency` requests in flight
+PERF_BEAM_HF_MS = "perf/beam_hf_ms_per_request"  # one request after another
+PERF_BEAM_SPEEDUP = "perf/beam_speedup"  # hf ms per request over torch's
+PERF_SCORE_SPEEDUP = "perf/score_speedup"  # hf fan-out over torch's one pass
+PERF_SOFT_TOKEN_OVERHEAD = "perf/soft_token_overhead"
+PERF_ROOFLINE_FRACTION = "perf/roofline_fraction"  # achieved FLOP/s over the measured matmul rate
+PERF_KV_RATIO = "perf/kv_ratio"  # KV bytes at beam B over beam 1
+PERF_THROUGHPUT_RATIO = "perf/throughput_ratio"  # requests/s at `--concurrency` over one at a time
+PERF_MATMUL_GFLOPS = "perf/matmul_gflops"  # the square-GEMM rate measured in the same process
+# `--floor`
+PERF_ENGINE_MS = "perf/engine_ms"  # the median unloaded request
+PERF_PREFILL_MS = "perf/engine_prefill_forward_ms"
+PERF_DECODE_MS = "perf/engine_decode_forwards_ms"
+PERF_MATMUL_FLOOR_MS = "perf/matmul_floor_ms"
+PERF_KERNEL_FLOOR_MS = "perf/kernel_floor_ms"
+PERF_ENGINE_OVER_FLOOR = "perf/engine_over_matmul_floor"  # median of the paired per-request ratios
+# `--ab A B`
+PERF_A_MS = "perf/a_median_ms"
+PERF_B_MS = "perf/b_median_ms"
+PERF_B_OVER_A = "perf/b_over_a_median"  # median of the per-request ratios
+PERF_SAME_BEAMS_SHARE = "perf/same_beams_share"  # requests whose beams were identical on A and B
+
+
+def per_dtype(metric: str, dtype: str) -> str:
+    """A perf metric of one dtype in a run that measured several (`--floor --dtype both`)."""
+    return f"{metric}/{dtype}"

@@ -7,15 +7,21 @@ seconds while it runs, and one when it ends.
 
 Use it like tqdm: `for x in progress(items, desc="SASRec")`, or `bar = progress(total=n, desc=...)`
 then `bar.update(k)` / `bar.set_postfix(loss=...)` / `bar.close()`. `enabled=False` prints nothing.
+
+The libraries draw bars of their own (transformers' "Loading weights" and "Writing model shards",
+huggingface_hub's downloads); `quiet_library_bars()`, called once where the CLI starts, switches those
+off too when stderr is not a terminal.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Iterable
 
 LINE_EVERY_S = 30.0
+HF_BARS_ENV = "HF_HUB_DISABLE_PROGRESS_BARS"  # huggingface_hub's switch, which transformers' bars follow too
 _plain = False  # plain lines even on a terminal (`plain_lines()`)
 
 
@@ -28,6 +34,26 @@ def plain_lines() -> None:
 
 def stderr_is_terminal() -> bool:
     return not _plain and bool(getattr(sys.stderr, "isatty", lambda: False)())
+
+
+def quiet_library_bars() -> None:
+    """Off a terminal, no tqdm frames from transformers or huggingface_hub either (module doc).
+
+    Through the libraries' own switch, `HF_HUB_DISABLE_PROGRESS_BARS=1`: read when huggingface_hub is first
+    imported (transformers takes its default from it), so nothing is imported here, and inherited by child
+    processes (training workers, engine servers), whose stderr is the same log. Already imported (a notebook,
+    a test), the libraries are told directly. A value the user set wins (`HF_HUB_DISABLE_PROGRESS_BARS=0`
+    keeps the bars)."""
+    if stderr_is_terminal() or os.environ.setdefault(HF_BARS_ENV, "1") != "1":
+        return
+    if "huggingface_hub" in sys.modules:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    if "transformers" in sys.modules:
+        from transformers.utils import logging
+
+        logging.disable_progress_bar()
 
 
 def progress(iterable: Iterable | None = None, *, total: int | None = None, desc: str = "", unit: str = "it",

@@ -13,7 +13,9 @@ Measures, in one run (a script, not a timed test):
 - KV-cache bytes held at beam 30 vs beam 1 (shared prompt KV, not one copy per beam);
 - throughput at 32 concurrent requests vs 1 (batching works).
 
-Prints a table and, last, one JSON line with every number. Example:
+Prints a table and, last, one JSON line with every number; each invocation is also one MLflow run in the
+experiment `perf` (arguments, CPU, versions, that JSON and its headline numbers: `perf/record.py`; `--experiment`,
+`--tracking-uri`, `--no-track`), which `workbench report --experiment perf` shows. Example:
 
     workbench microbench --model 2.4m --quick
     workbench microbench --model 25m              # ~25M-parameter Qwen3
@@ -39,17 +41,18 @@ import platform
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Callable
 
 from workbench import tracking
 from workbench.engines import torch_options
 from workbench.errors import UsageError
+from workbench.perf import record
 from workbench.hardware import matmul_gflops
 from workbench.engines.workloads import SyntheticWorkload, WorkloadShape
 from workbench.model.random_checkpoint import SIZES, make_random_checkpoint, random_size
-
-
 
 SAMPLE_S = 0.1  # one rate sample around each floor request (floorbench's module doc)
 
@@ -98,6 +101,7 @@ def parse_args(argv):
                         "gemm=onednn) on the same beam requests, alternating in one process; prints the paired "
                         "ratio B / A (workbench/perf/abbench.py)")
     torch_options.add_flags(p)
+    record.add_flags(p)
     return p.parse_args(argv)
 
 
@@ -130,194 +134,324 @@ def check(results):
     return results
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv or [])
-    import numpy as np
-    import torch
+def mode_of(args: argparse.Namespace) -> str:
+    return "ab" if args.ab else "floor" if args.floor else "microbench"
 
-    from workbench.engines.base import ScoreRequest
-    from workbench.engines.registry import create_engine
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    hf_requests = args.hf_requests or (1 if args.quick else 4)
-    hf_cands = min(args.candidates, args.hf_candidates or (50 if args.quick else args.candidates))
-    repeats = 1 if args.quick else 2
-    from workbench.hardware import cpu_info, resolve_dtype
+def parse(argv) -> argparse.Namespace:
+    """The arguments, with every combination that cannot run refused (a UsageError) before any work starts or a
+    run is recorded; `args.options`: the torch engine options the flags ask for, `args.sides`: `--ab`'s A and B."""
+    from workbench.perf.abbench import parse_options
 
-    cpu = cpu_info()
-    from workbench import malloc
-
-    cpu_line = (f"{cpu['cpu_model']} ({cpu['cpu_flags'] or 'no AVX-512'}); malloc huge pages "
-                f"{'on' if malloc.active() else 'off'}")
-    options = torch_options.from_args(args)
+    args = parse_args(argv)
+    args.options = torch_options.from_args(args)
     if args.ab:
-        from workbench.perf.abbench import parse_options, run_ab
-
-        if options:
+        if args.options:
             raise UsageError("with --ab, give --compile / --quantize inside A or B (compile=true, quantize=int8)")
         if args.dtype == "both":
             raise UsageError("--dtype both is for --floor; with --ab give each side's dtype inside A or B")
-        a, b = ({"dtype": args.dtype} | parse_options(x) for x in args.ab)  # --dtype: a side's unless it sets one
-        print(f"cpu: {cpu_line}; threads {torch.get_num_threads()}", file=sys.stderr)
-        with tempfile.TemporaryDirectory() as tmp:
-            ck = Path(args.checkpoint) if args.checkpoint else build_checkpoint(args.model, args.new_tokens,
-                                                                                args.prompt_len, Path(tmp))
-            run_ab(ck, a, b, prompt_len=args.prompt_len, beam=args.beam, new_tokens=args.new_tokens,
-                   requests=6 if args.quick else 30, device=args.device)
-        return 0
-    if args.floor:
-        from workbench.perf.floorbench import run_floor
-
-        dtypes = ["float32", "bfloat16"] if args.dtype == "both" else [resolve_dtype(args.dtype)]
-        outs = []
-        with tempfile.TemporaryDirectory() as tmp:
-            ck = Path(args.checkpoint) if args.checkpoint else build_checkpoint(args.model, args.new_tokens,
-                                                                                args.prompt_len, Path(tmp))
-            for dt in dtypes:
-                print(f"cpu: {cpu_line}; dtype {dt}; threads {torch.get_num_threads()}", file=sys.stderr)
-                peak, library, sample_rate = _floor_rate(dt, args.device)
-                print(f"matmul rate {peak:.0f} GFLOP/s ({library}, the faster GEMM library here)", file=sys.stderr)
-                outs.append(run_floor(ck, peak, prompt_len=args.prompt_len, beam=args.beam, new_tokens=args.new_tokens,
-                                      dtype=dt, device=args.device, quick=args.quick, options=options,
-                                      sample_rate=sample_rate))
-        print(f"\nfloor summary on {cpu_line}, {torch.get_num_threads()} thread(s), {args.model}:")
-        print("| engine | dtype | layer GEMMs | matmul GFLOP/s | matmul floor ms | engine ms | prefill ms | decode ms | "
-              "engine / floor (paired: median, range) |")
-        print("|---|---|---|---|---|---|---|---|---|")
-        for o in outs:
-            lo, hi = o["paired_ratio_range"]
-            print(f"| {o['engine']} | {o['dtype']} | {o['gemm']} | {o['matmul_gflops']:.0f} | {o['matmul_floor_ms']:.0f} | "
-                  f"{o['engine_ms']:.0f} | {o['engine_prefill_forward_ms']:.0f} | {o['engine_decode_forwards_ms']:.0f} | "
-                  f"{o['engine_over_matmul_floor']:.2f}x ({lo:.2f}-{hi:.2f}) |")
-        return 0
-    if args.dtype == "both":
+        args.sides = [{"dtype": args.dtype} | parse_options(x) for x in args.ab]  # --dtype: a side's unless set
+    elif not args.floor and args.dtype == "both":
         raise UsageError("--dtype both is for --floor; the side-by-side microbench runs one dtype")
-    args.dtype = resolve_dtype(args.dtype)
-    print(f"cpu: {cpu_line}; dtype {args.dtype}", file=sys.stderr)
-    tdtype = getattr(torch, args.dtype)
+    return args
+
+
+def cpu_line() -> str:
+    """The CPU, its instruction sets that matter and whether large tensors sit on huge pages, in one line."""
+    from workbench import malloc
+    from workbench.hardware import cpu_info
+
+    cpu = cpu_info()
+    return (f"{cpu['cpu_model']} ({cpu['cpu_flags'] or 'no AVX-512'}); malloc huge pages "
+            f"{'on' if malloc.active() else 'off'}")
+
+
+def checkpoint_for(args: argparse.Namespace, folder: Path) -> Path:
+    """`--checkpoint`, else a random checkpoint of `--model` built in `folder`."""
+    if args.checkpoint:
+        return Path(args.checkpoint)
+    return build_checkpoint(args.model, args.new_tokens, args.prompt_len, folder)
+
+
+def run_ab_mode(args: argparse.Namespace, line: str) -> list[dict]:
+    """`--ab A B`: both configurations on the same requests (abbench.py); its JSON document."""
+    import torch
+
+    from workbench.perf.abbench import run_ab
+
+    a, b = args.sides
+    print(f"cpu: {line}; threads {torch.get_num_threads()}", file=sys.stderr)
     with tempfile.TemporaryDirectory() as tmp:
-        ck = Path(args.checkpoint) if args.checkpoint else build_checkpoint(args.model, args.new_tokens,
-                                                                            args.prompt_len, Path(tmp))
+        ck = checkpoint_for(args, Path(tmp))
+        return [run_ab(ck, a, b, prompt_len=args.prompt_len, beam=args.beam, new_tokens=args.new_tokens,
+                       requests=6 if args.quick else 30, device=args.device)]
 
-        def workload(kind: str = "beam_search", beam: int = args.beam, soft: bool = False) -> SyntheticWorkload:
-            shape = WorkloadShape(kind, prompt_tokens=args.prompt_len, beam_width=beam, max_new_tokens=args.new_tokens,
-                                  constrained=True, candidates=args.candidates, candidate_tokens=5)
-            return SyntheticWorkload.from_checkpoint(shape, ck, soft_token=soft)
 
-        beam_workload = workload()
-        te = create_engine("torch", ck, dtype=args.dtype, device=args.device, max_batch_tokens=args.max_batch_tokens,
-                           max_candidates=max(1024, args.candidates), **options)
-        he = create_engine("hf", ck, dtype=args.dtype, device=args.device, max_candidates=max(1024, args.candidates))
-        n_params = te.lm.n_params()
-        peak = matmul_gflops(tdtype, args.device)
-        print(f"model {args.model}: {n_params / 1e6:.2f}M params, {args.dtype}, matmul {peak:.0f} GFLOP/s", file=sys.stderr)
+def run_floor_mode(args: argparse.Namespace, line: str) -> list[dict]:
+    """`--floor`: one request vs the compute floor per dtype (floorbench.py), then the summary table."""
+    import torch
 
-        # warm-up
-        check(asyncio.run(te.beam_search(beam_workload.requests(2))))
-        # beam search: torch, 32 concurrent
-        reqs = beam_workload.requests(args.concurrency, first=2)
+    from workbench.hardware import resolve_dtype
+    from workbench.perf.floorbench import run_floor
+
+    dtypes = ["float32", "bfloat16"] if args.dtype == "both" else [resolve_dtype(args.dtype)]
+    outs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        ck = checkpoint_for(args, Path(tmp))
+        for dt in dtypes:
+            print(f"cpu: {line}; dtype {dt}; threads {torch.get_num_threads()}", file=sys.stderr)
+            peak, library, sample_rate = _floor_rate(dt, args.device)
+            print(f"matmul rate {peak:.0f} GFLOP/s ({library}, the faster GEMM library here)", file=sys.stderr)
+            outs.append(run_floor(ck, peak, prompt_len=args.prompt_len, beam=args.beam, new_tokens=args.new_tokens,
+                                  dtype=dt, device=args.device, quick=args.quick, options=args.options,
+                                  sample_rate=sample_rate))
+    print_floor_summary(outs, line, args.model)
+    return outs
+
+
+def print_floor_summary(outs: list[dict], line: str, model: str) -> None:
+    import torch
+
+    print(f"\nfloor summary on {line}, {torch.get_num_threads()} thread(s), {model}:")
+    print("| engine | dtype | layer GEMMs | matmul GFLOP/s | matmul floor ms | engine ms | prefill ms | decode ms | "
+          "engine / floor (paired: median, range) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for o in outs:
+        lo, hi = o["paired_ratio_range"]
+        print(f"| {o['engine']} | {o['dtype']} | {o['gemm']} | {o['matmul_gflops']:.0f} | {o['matmul_floor_ms']:.0f} | "
+              f"{o['engine_ms']:.0f} | {o['engine_prefill_forward_ms']:.0f} | {o['engine_decode_forwards_ms']:.0f} | "
+              f"{o['engine_over_matmul_floor']:.2f}x ({lo:.2f}-{hi:.2f}) |")
+
+
+@dataclass
+class SideBySide:
+    """The default mode's setting: its arguments, checkpoint and how much of the slow hf baseline to run."""
+
+    args: argparse.Namespace
+    checkpoint: Path
+    repeats: int
+    hf_requests: int
+    hf_candidates: int
+
+    @classmethod
+    def of(cls, args: argparse.Namespace, checkpoint: Path) -> "SideBySide":
+        return cls(args, checkpoint, repeats=1 if args.quick else 2,
+                   hf_requests=args.hf_requests or (1 if args.quick else 4),
+                   hf_candidates=min(args.candidates, args.hf_candidates or (50 if args.quick else args.candidates)))
+
+    @cached_property
+    def beam_workload(self) -> SyntheticWorkload:
+        """The beam requests every torch / hf comparison draws from (read from the checkpoint once)."""
+        return self.workload()
+
+    def workload(self, kind: str = "beam_search", beam: int | None = None, soft: bool = False) -> SyntheticWorkload:
+        a = self.args
+        shape = WorkloadShape(kind, prompt_tokens=a.prompt_len, beam_width=a.beam if beam is None else beam,
+                              max_new_tokens=a.new_tokens, constrained=True, candidates=a.candidates,
+                              candidate_tokens=5)
+        return SyntheticWorkload.from_checkpoint(shape, self.checkpoint, soft_token=soft)
+
+
+def build_engines(s: SideBySide):
+    """The torch engine (with the variant options) and the hf baseline on the same checkpoint."""
+    from workbench.engines.registry import create_engine
+
+    a = s.args
+    te = create_engine("torch", s.checkpoint, dtype=a.dtype, device=a.device, max_batch_tokens=a.max_batch_tokens,
+                       max_candidates=max(1024, a.candidates), **a.options)
+    he = create_engine("hf", s.checkpoint, dtype=a.dtype, device=a.device, max_candidates=max(1024, a.candidates))
+    return te, he
+
+
+def warm_up(te, s: SideBySide) -> None:
+    check(asyncio.run(te.beam_search(s.beam_workload.requests(2))))
+
+
+def measure_beam(te, he, s: SideBySide) -> dict:
+    """Beam search: torch at `--concurrency` and alone (the throughput ratio), hf one request after another."""
+    a = s.args
+    reqs = s.beam_workload.requests(a.concurrency, first=2)
+    te.reset_stats()
+    t_torch, res = timed(lambda: te.beam_search(reqs), s.repeats)
+    check(res)
+    stats = te.stats
+    flops = stats.prefill_tokens / s.repeats * te.lm.flops_per_token(a.prompt_len / 2) + (
+        stats.decode_rows / s.repeats * te.lm.flops_per_token(a.prompt_len)
+    )
+    t_one, r1 = timed(lambda: te.beam_search(reqs[:1]), s.repeats)
+    check(r1)
+    print(f"hf beam search on {s.hf_requests} request(s) ...", file=sys.stderr)
+    t0 = time.perf_counter()
+    hres = check(asyncio.run(he.beam_search(reqs[:s.hf_requests])))
+    t_hf = (time.perf_counter() - t0) / s.hf_requests
+    same = all([b.token_ids for b in x.beams] == [b.token_ids for b in h.beams] for x, h in zip(res, hres))
+    return {"t_torch": t_torch, "t_one": t_one, "t_hf": t_hf, "same": same, "achieved": flops / t_torch / 1e9}
+
+
+def measure_soft_token(te, s: SideBySide) -> float:
+    """The soft-token overhead: the same prompts with the placeholder (soft) vs a plain token there (the
+    workloads draw the same ids for an index either way); alternated and min-of-repeats so machine noise does
+    not masquerade as overhead."""
+    a = s.args
+    n_soft = max(4, a.concurrency // (8 if a.quick else 2))
+    soft = s.workload(soft=True).requests(n_soft)
+    plain = s.beam_workload.requests(n_soft)
+    t_plain = t_soft = float("inf")
+    for _ in range(3):
+        t_plain = min(t_plain, timed(lambda: te.beam_search(plain))[0])
+        dt, rs = timed(lambda: te.beam_search(soft))
+        check(rs)
+        t_soft = min(t_soft, dt)
+    return t_soft / t_plain - 1.0
+
+
+def measure_kv(te, s: SideBySide) -> dict[int, tuple[int, int]]:
+    """KV bytes held (and what a copy per beam would hold) at `--beam` and at beam 1."""
+    kv = {}
+    for b in (s.args.beam, 1):
         te.reset_stats()
-        t_torch, res = timed(lambda: te.beam_search(reqs), repeats)
-        check(res)
-        stats = te.stats
-        flops = stats.prefill_tokens / repeats * te.lm.flops_per_token(args.prompt_len / 2) + (
-            stats.decode_rows / repeats * te.lm.flops_per_token(args.prompt_len)
-        )
-        achieved = flops / t_torch / 1e9
-        # beam search: 1 request alone (throughput ratio)
-        t_one, r1 = timed(lambda: te.beam_search(reqs[:1]), repeats)
-        check(r1)
-        # hf on the first requests, one after another
-        print(f"hf beam search on {hf_requests} request(s) ...", file=sys.stderr)
-        t0 = time.perf_counter()
-        hres = check(asyncio.run(he.beam_search(reqs[:hf_requests])))
-        t_hf = (time.perf_counter() - t0) / hf_requests
-        same = all([b.token_ids for b in a.beams] == [b.token_ids for b in h.beams] for a, h in zip(res, hres))
-        # soft token overhead: the same prompts with the placeholder (soft) vs a plain token there (the
-        # workloads draw the same ids for an index either way); alternated and min-of-repeats so machine
-        # noise does not masquerade as overhead
-        n_soft = max(4, args.concurrency // (8 if args.quick else 2))
-        soft = workload(soft=True).requests(n_soft)
-        plain = beam_workload.requests(n_soft)
-        t_plain = t_soft = float("inf")
-        for _ in range(3):
-            t_plain = min(t_plain, timed(lambda: te.beam_search(plain))[0])
-            dt, rs = timed(lambda: te.beam_search(soft))
-            check(rs)
-            t_soft = min(t_soft, dt)
-        # KV bytes: beam 30 vs beam 1
-        kv = {}
-        for b in (args.beam, 1):
-            te.reset_stats()
-            check(asyncio.run(te.beam_search(workload(beam=b).requests(1))))
-            kv[b] = (te.stats.peak_kv_bytes, te.stats.peak_kv_bytes_if_copied)
-        # scoring: one pass vs fan-out
-        sreq = workload("scoring").request(0)
-        prompt, cands = sreq.prompt, sreq.candidates
-        t_score, sres = timed(lambda: te.score([sreq]), repeats)
-        check(sres)
-        print(f"hf fan-out scoring of {hf_cands} candidates ...", file=sys.stderr)
-        t0 = time.perf_counter()
-        hs = check(asyncio.run(he.score([ScoreRequest(prompt, cands[:hf_cands])])))
-        t_fan = (time.perf_counter() - t0) * args.candidates / hf_cands
-        score_diff = float(np.abs(np.asarray(sres[0].scores[:hf_cands]) - np.asarray(hs[0].scores)).max())
-        te.shutdown()
+        check(asyncio.run(te.beam_search(s.workload(beam=b).requests(1))))
+        kv[b] = (te.stats.peak_kv_bytes, te.stats.peak_kv_bytes_if_copied)
+    return kv
 
-    per_req_torch = t_torch / args.concurrency
-    out = {
+
+def measure_scoring(te, he, s: SideBySide) -> dict:
+    """Multi-item scoring: torch's one pass vs hf's fan-out (scaled per candidate), and their largest difference."""
+    import numpy as np
+
+    from workbench.engines.base import ScoreRequest
+
+    a = s.args
+    sreq = s.workload("scoring").request(0)
+    prompt, cands = sreq.prompt, sreq.candidates
+    t_score, sres = timed(lambda: te.score([sreq]), s.repeats)
+    check(sres)
+    print(f"hf fan-out scoring of {s.hf_candidates} candidates ...", file=sys.stderr)
+    t0 = time.perf_counter()
+    hs = check(asyncio.run(he.score([ScoreRequest(prompt, cands[:s.hf_candidates])])))
+    t_fan = (time.perf_counter() - t0) * a.candidates / s.hf_candidates
+    diff = float(np.abs(np.asarray(sres[0].scores[:s.hf_candidates]) - np.asarray(hs[0].scores)).max())
+    return {"t_score": t_score, "t_fan": t_fan, "diff": diff}
+
+
+def summarize(s: SideBySide, engine: str, n_params: int, peak: float, beam: dict, soft_overhead: float,
+              kv: dict, score: dict) -> dict:
+    """The default mode's JSON document: every number, with the date, commit, machine and versions."""
+    import torch
+
+    a = s.args
+    per_req_torch = beam["t_torch"] / a.concurrency
+    throughput = a.concurrency / beam["t_torch"]
+    return {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "commit": tracking.git_commit(),
-        "hardware": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch threads {torch.get_num_threads()}",
+        "hardware": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
+                    f"torch threads {torch.get_num_threads()}",
         "torch": torch.__version__,
-        "model": args.model,
-        "engine": te.name,
+        "model": a.model,
+        "engine": engine,
         "params_m": round(n_params / 1e6, 2),
-        "dtype": args.dtype,
-        "quick": args.quick,
-        "workload": {"prompt": args.prompt_len, "beam": args.beam, "new_tokens": args.new_tokens,
-                     "concurrency": args.concurrency, "candidates": args.candidates, "constrained": True},
+        "dtype": a.dtype,
+        "quick": a.quick,
+        "workload": {"prompt": a.prompt_len, "beam": a.beam, "new_tokens": a.new_tokens,
+                     "concurrency": a.concurrency, "candidates": a.candidates, "constrained": True},
         "beam_torch_s_per_req": per_req_torch,
-        "beam_hf_s_per_req": t_hf,
-        "beam_speedup": t_hf / per_req_torch,
-        "beam_same_beams_as_hf": same,
-        "hf_requests_measured": hf_requests,
-        "score_onepass_s": t_score,
-        "score_fanout_s": t_fan,
-        "score_speedup": t_fan / t_score,
-        "score_max_abs_diff": score_diff,
-        "hf_candidates_measured": hf_cands,
-        "soft_token_overhead": t_soft / t_plain - 1.0,
+        "beam_hf_s_per_req": beam["t_hf"],
+        "beam_speedup": beam["t_hf"] / per_req_torch,
+        "beam_same_beams_as_hf": beam["same"],
+        "hf_requests_measured": s.hf_requests,
+        "score_onepass_s": score["t_score"],
+        "score_fanout_s": score["t_fan"],
+        "score_speedup": score["t_fan"] / score["t_score"],
+        "score_max_abs_diff": score["diff"],
+        "hf_candidates_measured": s.hf_candidates,
+        "soft_token_overhead": soft_overhead,
         "matmul_gflops": peak,
-        "torch_gflops": achieved,
-        "roofline_fraction": achieved / peak,
-        "kv_bytes_beam": kv[args.beam][0],
+        "torch_gflops": beam["achieved"],
+        "roofline_fraction": beam["achieved"] / peak,
+        "kv_bytes_beam": kv[a.beam][0],
         "kv_bytes_beam1": kv[1][0],
-        "kv_ratio": kv[args.beam][0] / max(kv[1][0], 1),
-        "kv_bytes_if_copied": kv[args.beam][1],
-        "throughput_32_rps": args.concurrency / t_torch,
-        "throughput_1_rps": 1 / t_one,
-        "throughput_ratio": (args.concurrency / t_torch) / (1 / t_one),
+        "kv_ratio": kv[a.beam][0] / max(kv[1][0], 1),
+        "kv_bytes_if_copied": kv[a.beam][1],
+        "throughput_32_rps": throughput,
+        "throughput_1_rps": 1 / beam["t_one"],
+        "throughput_ratio": throughput / (1 / beam["t_one"]),
     }
+
+
+def print_side_by_side(out: dict, a: argparse.Namespace) -> None:
+    """The default mode's table, then its JSON document on one line."""
+    kvb, kv1, kvc = out["kv_bytes_beam"], out["kv_bytes_beam1"], out["kv_bytes_if_copied"]
     rows = [
-        ("beam search s/request (torch | hf)", f"{per_req_torch:.4f} | {t_hf:.3f}", f"{out['beam_speedup']:.1f}x (target >= 20x)"),
-        ("  same beams as hf", str(same), f"hf measured on {hf_requests} request(s)"),
-        ("scoring 500 cands s (one pass | fan-out)", f"{t_score:.3f} | {t_fan:.2f}", f"{out['score_speedup']:.1f}x (target >= 30x)"),
-        ("  max |one pass - fan-out|", f"{score_diff:.2e}", f"fan-out measured on {hf_cands} candidates, scaled"),
+        ("beam search s/request (torch | hf)", f"{out['beam_torch_s_per_req']:.4f} | {out['beam_hf_s_per_req']:.3f}",
+         f"{out['beam_speedup']:.1f}x (target >= 20x)"),
+        ("  same beams as hf", str(out["beam_same_beams_as_hf"]),
+         f"hf measured on {out['hf_requests_measured']} request(s)"),
+        ("scoring 500 cands s (one pass | fan-out)", f"{out['score_onepass_s']:.3f} | {out['score_fanout_s']:.2f}",
+         f"{out['score_speedup']:.1f}x (target >= 30x)"),
+        ("  max |one pass - fan-out|", f"{out['score_max_abs_diff']:.2e}",
+         f"fan-out measured on {out['hf_candidates_measured']} candidates, scaled"),
         ("soft-token overhead", f"{100 * out['soft_token_overhead']:+.1f}%", "target <= 5%"),
-        ("torch GFLOP/s | matmul GFLOP/s", f"{achieved:.0f} | {peak:.0f}", f"{100 * out['roofline_fraction']:.0f}% of roofline"),
-        (f"KV bytes beam {args.beam} | beam 1", f"{kv[args.beam][0] / 1e6:.2f}MB | {kv[1][0] / 1e6:.2f}MB",
-         f"{out['kv_ratio']:.2f}x (copied per beam: {kv[args.beam][1] / 1e6:.1f}MB)"),
-        (f"throughput req/s at {args.concurrency} | 1", f"{out['throughput_32_rps']:.2f} | {out['throughput_1_rps']:.2f}",
+        ("torch GFLOP/s | matmul GFLOP/s", f"{out['torch_gflops']:.0f} | {out['matmul_gflops']:.0f}",
+         f"{100 * out['roofline_fraction']:.0f}% of roofline"),
+        (f"KV bytes beam {a.beam} | beam 1", f"{kvb / 1e6:.2f}MB | {kv1 / 1e6:.2f}MB",
+         f"{out['kv_ratio']:.2f}x (copied per beam: {kvc / 1e6:.1f}MB)"),
+        (f"throughput req/s at {a.concurrency} | 1", f"{out['throughput_32_rps']:.2f} | {out['throughput_1_rps']:.2f}",
          f"{out['throughput_ratio']:.1f}x"),
     ]
-    print(f"\nmicrobench: {te.name} on {args.model} ({out['params_m']}M params, {args.dtype}), prompt {args.prompt_len}, "
-          f"beam {args.beam}, "
-          f"{args.new_tokens} new, constrained, {args.concurrency} concurrent; {out['hardware']}")
+    print(f"\nmicrobench: {out['engine']} on {a.model} ({out['params_m']}M params, {a.dtype}), prompt {a.prompt_len}, "
+          f"beam {a.beam}, "
+          f"{a.new_tokens} new, constrained, {a.concurrency} concurrent; {out['hardware']}")
     w = max(len(r[0]) for r in rows)
     for name, val, ratio in rows:
         print(f"{name:<{w}}  {val:<24} {ratio}")
     print(json.dumps(out))
+
+
+def run_side_by_side(args: argparse.Namespace, line: str) -> list[dict]:
+    """The default mode: torch vs hf on the same checkpoint and prompts (module doc); its JSON document."""
+    import torch
+
+    from workbench.hardware import resolve_dtype
+
+    args.dtype = resolve_dtype(args.dtype)
+    print(f"cpu: {line}; dtype {args.dtype}", file=sys.stderr)
+    with tempfile.TemporaryDirectory() as tmp:
+        s = SideBySide.of(args, checkpoint_for(args, Path(tmp)))
+        te, he = build_engines(s)
+        try:
+            n_params = te.lm.n_params()
+            peak = matmul_gflops(getattr(torch, args.dtype), args.device)
+            print(f"model {args.model}: {n_params / 1e6:.2f}M params, {args.dtype}, matmul {peak:.0f} GFLOP/s",
+                  file=sys.stderr)
+            warm_up(te, s)
+            beam = measure_beam(te, he, s)
+            soft = measure_soft_token(te, s)
+            kv = measure_kv(te, s)
+            score = measure_scoring(te, he, s)
+        finally:
+            te.shutdown()
+    out = summarize(s, te.name, n_params, peak, beam, soft, kv, score)
+    print_side_by_side(out, args)
+    return [out]
+
+
+RUNNERS: dict[str, Callable[[argparse.Namespace, str], list[dict]]] = {
+    "microbench": run_side_by_side, "floor": run_floor_mode, "ab": run_ab_mode}
+
+
+def main(argv=None) -> int:
+    """Parse, set the thread count, run the mode (its engines, warm-up, measurements, table and JSON) inside one
+    MLflow run that records what it printed (record.py; `--no-track`: none)."""
+    argv = list(argv or [])
+    args = parse(argv)
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    mode = mode_of(args)
+    with record.perf_run(args, argv, mode, torch.get_num_threads()) as rec:
+        rec.log(RUNNERS[mode](args, cpu_line()))
     return 0
 
 

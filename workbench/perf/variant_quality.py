@@ -1,6 +1,6 @@
 """What a faster engine variant costs in quality: bfloat16 (or int8) against float32 on a trained checkpoint.
 
-    python -m workbench.perf.variant_quality experiments/quickstart.yaml --method none \
+    workbench variant-quality experiments/quickstart.yaml --method none \
         --variants float32 bfloat16 int8 [--users 943] [--threads 2]
 
 Why: bf16 keeps 8 bits of mantissa, so beam scores of near-tied SIDs can swap; the speed of bf16 on AMX
@@ -49,7 +49,7 @@ def _evaluate(checkpoint, prompts, beam_width: int, dtype: str, options: dict, b
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m workbench.perf.variant_quality", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="workbench variant-quality", description=__doc__.split("\n")[0])
     p.add_argument("study", help="the study YAML that trained the checkpoint (e.g. experiments/quickstart.yaml)")
     p.add_argument("--method", default="none")
     p.add_argument("--variants", nargs="+", default=["float32", "bfloat16"], choices=list(VARIANTS))

@@ -9,7 +9,9 @@ experiment(s) hold, so one command serves every kind:
   (vs none, vs the baselines), per-seed values, learning curves, the user-signal ablation, prompt
   length and cost, SID codebook statistics, and each run's config, commit, CPU and versions;
 - load sweeps (`workbench bench`): summary, latency / throughput / cost figures, rate points, configs;
-- both (comma-joined experiments): also quality vs cost and vs p99 latency with the Pareto front.
+- both (comma-joined experiments): also quality vs cost and vs p99 latency with the Pareto front;
+- performance runs (`workbench microbench`, every mode, `perf.py`): a table of their headline times and
+  ratios with the CPU and commit each ran on, engine time vs the compute floor by phase, A/B ratios.
 
 What it joins, and what it refuses to join:
 
@@ -36,6 +38,7 @@ from typing import Any, Sequence
 from workbench import names
 from workbench.errors import UsageError
 from workbench.load.metrics import METRIC_NAMES
+from workbench.report.perf import PerfRuns, collect_perf_runs
 from workbench.report.studies import StudyRuns, collect_study_runs
 
 JOIN_TAGS: tuple[str, ...] = (names.TAG_CHECKPOINT, names.TAG_ENGINE, names.TAG_MODE, names.TAG_DTYPE)
@@ -76,6 +79,7 @@ class Study:
     parents: list[dict] = field(default_factory=list)  # sweep runs: name, id, commit, config, environment
     studies: StudyRuns = field(default_factory=StudyRuns)  # personalization-study runs (`studies.py`)
     latest: bool = False  # only the most recent sweep / study run of each experiment was read
+    perf: PerfRuns = field(default_factory=PerfRuns)  # `workbench microbench` runs (`perf.py`)
 
 
 def _client():
@@ -186,9 +190,13 @@ def collect_study(experiment: str | Sequence[str], quality_metric: str | None = 
     points_df = pd.DataFrame(points)
     quality_df = pd.DataFrame(quality)
     joined, not_joined = join_quality(summary_df, quality_df, quality_metric)
-    studies = collect_study_runs(client, runs, latest, lambda rid, path: _load_artifact_dict(client, rid, path))
+    def artifact(rid: str, path: str) -> dict | None:
+        return _load_artifact_dict(client, rid, path)
+
+    studies = collect_study_runs(client, runs, latest, artifact)
     return Study(", ".join(exp_names), uri, summary_df, points_df, quality_df, joined, not_joined,
-                 sorted(parents, key=lambda p: p["start"]), studies, latest)  # fmt: skip
+                 sorted(parents, key=lambda p: p["start"]), studies, latest,
+                 collect_perf_runs(runs, latest, artifact))  # fmt: skip
 
 
 def _summary_row(r) -> dict:
@@ -263,10 +271,12 @@ def common_rate_p99(points, summary) -> tuple[float, dict[str, float]]:
 
 
 def figures(study: Study, quality_metric: str | None = None) -> dict[str, Any]:
-    """The report's figures by title: the study's, per workload latency/throughput/cost, then the Pareto plots."""
-    from workbench.report import studies
+    """The report's figures by title: the study's, per workload latency/throughput/cost, the Pareto plots, then
+    the performance runs'."""
+    from workbench.report import perf, studies
 
-    return {**studies.figures(study.studies), **load_figures(study), **join_figures(study, quality_metric)}
+    return {**studies.figures(study.studies), **load_figures(study), **join_figures(study, quality_metric),
+            **perf.figures(study.perf)}
 
 
 def load_figures(study: Study) -> dict[str, Any]:
@@ -509,20 +519,50 @@ def _join_html(study: Study, quality_metric: str, draw: _Figures) -> list[str]:
     return parts
 
 
+def _perf_html(study: Study, draw: _Figures) -> list[str]:
+    from workbench.report import perf
+
+    p = study.perf
+    n = len(p.runs)
+    parts = ["<h2 id='perf'>Performance runs</h2>",
+             f"<p class='note'>{n} run{'s' if n > 1 else ''} of <code>workbench microbench</code>, newest first"
+             + (" (the most recent of each command line)" if study.latest else "") + "; one row per result it "
+             "printed (<code>--dtype both</code>: one per dtype). <b>ms</b> / <b>vs ms</b> / <b>ratio</b>: "
+             "side by side, torch vs hf ms per beam request and hf / torch; <code>--floor</code>, the median "
+             "unloaded request vs its matmul floor and their paired ratio; <code>--ab</code>, B's vs A's median "
+             "ms and the median per-request B / A. Each ran on the CPU and commit its row names; rates on "
+             "different CPUs, thread counts or dtypes are not comparable.</p>",
+             "<h3 id='perf-table'>Results</h3>", _table(p.table, perf.TABLE_COLUMNS)]  # fmt: skip
+    figs = perf.figures(p)
+    if figs:
+        parts.append(draw(figs))
+    parts.append("<h3 id='perf-runs'>Performance runs: arguments, versions, hardware</h3>")
+    for r in p.runs:
+        parts.append(f"<h4>{html.escape(r['label'])} <small>({html.escape(r['start'])}, run {r['run_id']}, "
+                     f"{html.escape(r['status'])})</small></h4>")  # fmt: skip
+        parts.append(_kv([("command", r["command"]), ("commit", r["commit"]), ("CPU", r["cpu"]),
+                          ("error", r["error"])]))  # fmt: skip
+        parts += [_details("arguments (config.json)", r.get("config")),
+                  _details("environment.json", r.get("environment"))]
+    return parts
+
+
 def render_html(study: Study, quality_metric: str | None = None) -> str:
-    """The page: a section per kind of run the experiment(s) hold (study, load sweeps, their join)."""
+    """The page: a section per kind of run the experiment(s) hold (study, load sweeps, their join, perf runs)."""
     quality_metric = quality_metric or default_quality_metric()
     draw = _Figures()
-    has_study, has_load = bool(study.studies.runs), len(study.summary) > 0
+    has_study, has_load, has_perf = bool(study.studies.runs), len(study.summary) > 0, bool(study.perf.runs)
     toc = ([("study", "Personalization study")] if has_study else []) + (
-        [("load", "Load sweeps"), ("join", "Quality vs cost")] if has_load else [])  # fmt: skip
+        [("load", "Load sweeps"), ("join", "Quality vs cost")] if has_load else []) + (
+        [("perf", "Performance runs")] if has_perf else [])  # fmt: skip
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(study.experiment)}</title>",
              "<meta name='viewport' content='width=device-width, initial-scale=1'>",
              f"<style>{_CSS}</style></head><body>", f"<h1>Workbench report: {html.escape(study.experiment)}</h1>",
              f"<p class='note'>Generated {_dt.datetime.now().isoformat(timespec='seconds')} from MLflow store "
              f"<code>{html.escape(study.tracking_uri)}</code>: {len(study.studies.runs)} study run(s), "
              f"{len(study.parents)} load sweep(s) with {len(study.summary)} load run(s), {len(study.quality)} "
-             "quality run(s).</p>"]  # fmt: skip
+             "quality run(s)" + (f", {len(study.perf.runs)} performance run(s)" if has_perf else "")
+             + ".</p>"]  # fmt: skip
     if toc:
         parts.append("<nav><ul>" + "".join(f"<li><a href='#{a}'>{html.escape(t)}</a></li>" for a, t in toc)
                      + "</ul></nav>")
@@ -531,9 +571,12 @@ def render_html(study: Study, quality_metric: str | None = None) -> str:
     if has_load:
         parts += _load_html(study, draw)
         parts += _join_html(study, quality_metric, draw)
-    if not (has_study or has_load):
-        parts.append("<p class='note'>No study runs (<code>workbench run</code>) and no load runs "
-                     "(<code>workbench bench</code>) in this experiment.</p>")
+    if has_perf:
+        parts += _perf_html(study, draw)
+    if not (has_study or has_load or has_perf):
+        parts.append("<p class='note'>No study runs (<code>workbench run</code>), no load runs "
+                     "(<code>workbench bench</code>) and no performance runs (<code>workbench microbench</code>) "
+                     "in this experiment.</p>")
     parts.append("</body></html>")
     return "\n".join(parts)
 
