@@ -70,7 +70,7 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_serve(args) -> int:
-    from workbench.engines import torch_options
+    from workbench.engines.torch import options as torch_options
     from workbench.engines.serving.serve import serve
 
     serve(
@@ -117,11 +117,11 @@ def _cmd_engines(args) -> int:
         print(registry.capability_table_markdown())
         return 0
     if args.action == "launch":
-        from workbench.engines.launcher import launch_cli
+        from workbench.engines.remote.launcher import launch_cli
 
         return launch_cli(args.name, args.checkpoint, dtype=args.dtype)
     if args.action == "validate":
-        from workbench.engines.launcher import validate_cli
+        from workbench.engines.remote.launcher import validate_cli
 
         return validate_cli(args.name, args.checkpoint, dtype=args.dtype)
     raise AssertionError(args.action)
@@ -162,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8100, help="TCP port, 1-65535 (checked before the model loads)")
     s.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16"],
                    help="auto: bfloat16 where the CPU has AMX or AVX512-BF16, else float32")
-    from workbench.engines import torch_options
+    from workbench.engines.torch import options as torch_options
 
     torch_options.add_flags(s)
     s.set_defaults(func=_cmd_serve)

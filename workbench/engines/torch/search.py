@@ -1,6 +1,6 @@
 """The torch engine's beam-search and scoring math, as pure functions over tensors.
 
-Kept apart from torch_engine.py so the search can be read (and checked) without the scheduler:
+Kept apart from engine.py so the search can be read (and checked) without the scheduler:
 nothing here holds a thread, a queue, a future or a request; each function takes tensors (and the
 catalog's prefix trie) and returns new ones. The engine's worker calls them once per forward and
 keeps the per-request state. Covered: the segments (padded KV, stream layout) a decode or score
@@ -105,7 +105,7 @@ def decode_segment(tokens: Sequence, own_kvs: Sequence[list | None], prompt_kv: 
     KV; `prompt_kv`, `prompt_len` as `pad_prompt_kv` builds them."""
     import torch
 
-    from workbench.engines.torch_model import MIN_ROWS, SharedSegment
+    from workbench.engines.torch.model import MIN_ROWS, SharedSegment
 
     dev = kv.device
     # at least MIN_ROWS streams: the attention matmuls then take the same BLAS path alone or batched
@@ -126,7 +126,7 @@ def score_segment(candidate_lists: Sequence[Sequence[Sequence[int]]], prompt_kv:
     attending to its prompt and itself) and the [rows] candidate tokens to embed."""
     import torch
 
-    from workbench.engines.torch_model import MIN_ROWS, SharedSegment
+    from workbench.engines.torch.model import MIN_ROWS, SharedSegment
 
     S = max(MIN_ROWS, max(len(cands) for cands in candidate_lists))
     lq = max(len(c) for cands in candidate_lists for c in cands)

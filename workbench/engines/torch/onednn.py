@@ -133,8 +133,8 @@ def choose(mode: str, w: Tensor, device: torch.device, dtype: torch.dtype) -> tu
 
 
 def pack_layers(layers: list) -> None:
-    """Replace every layer's GEMM weights (torch_model.LayerWeights) by OneDNNLinear, biases packed in."""
-    from workbench.engines.torch_model import replace_layer_gemms
+    """Replace every layer's GEMM weights (model.LayerWeights) by OneDNNLinear, biases packed in."""
+    from workbench.engines.torch.model import replace_layer_gemms
 
     replace_layer_gemms(layers, OneDNNLinear)
 

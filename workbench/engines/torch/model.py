@@ -21,14 +21,14 @@ Shapes: H query heads, Hkv KV heads, g = H // Hkv, D head dim; query head h uses
 Two opt-in variants, both off by default (the default forward is the plain eager one):
 - `compile=True`: the elementwise work between a layer's GEMMs and its attention (`LayerOps`: q/k
   norm + RoPE, residual add + RMSNorm, silu * mul) runs as torch.compile (inductor) kernels,
-  built and warmed up at construction (torch_fused.py); the GEMMs and the attention stay as they are.
+  built and warmed up at construction (fused.py); the GEMMs and the attention stay as they are.
 - `quantize="int8"`: the layer GEMMs (qkv, o, gate_up, down) run PyTorch's dynamic int8 kernel
-  (torch_int8.py); embeddings, norms, attention and the lm_head stay in float32.
+  (int8.py); embeddings, norms, attention and the lm_head stay in float32.
 
 One choice made per machine (`gemm="auto"`, the default): the layer GEMMs run on oneDNN with their weights
 packed once, in float32 where it measures clearly faster than `F.linear` at load (2.2-2.6x on an AMD EPYC
 Zen 5), in bfloat16 wherever oneDNN has a bfloat16 kernel (the same results as `F.linear`; the layer GEMMs
-of a beam-30 decode step 1.45x faster there; torch_onednn.py).
+of a beam-30 decode step 1.45x faster there; onednn.py).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from workbench.engines.torch_options import QUANTIZE_MODES
+from workbench.engines.torch.options import QUANTIZE_MODES
 from workbench.errors import UsageError
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "llama")
@@ -73,7 +73,7 @@ BLOCK_ROWS = 256
 
 def matmul(x: Tensor, w, b: Tensor | None = None) -> Tensor:
     """x @ w.T + b: F.linear, or the weight's own kernel when it is a quantized one (a callable such
-    as torch_int8.Int8Linear, whose bias is packed with it)."""
+    as int8.Int8Linear, whose bias is packed with it)."""
     return F.linear(x, w, b) if isinstance(w, Tensor) else w(x)
 
 
@@ -94,7 +94,7 @@ def swap_halves(x: Tensor) -> Tensor:
     return torch.cat((x[..., h:], x[..., :h]), dim=-1)
 
 
-# ---- the elementwise work of a layer: pure functions, so torch.compile can fuse each (torch_fused.py) ----
+# ---- the elementwise work of a layer: pure functions, so torch.compile can fuse each (fused.py) ----
 def qk_norm_rope(qk: Tensor, qk_norm: Tensor | None, cos: Tensor, sin: Tensor, eps: float) -> Tensor:
     """qk [N, H + Hkv, D] (the q and k heads of the qkv GEMM's output, one view) -> RoPE(q/k-norm(qk)).
 
@@ -164,7 +164,7 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, block: int =
 
 
 class LayerOps(NamedTuple):
-    """The elementwise work between a layer's GEMMs and its attention: eager, or compiled (torch_fused.py)."""
+    """The elementwise work between a layer's GEMMs and its attention: eager, or compiled (fused.py)."""
 
     qk_norm_rope: Callable[..., Tensor]
     add_norm: Callable[..., tuple[Tensor, Tensor]]
@@ -173,14 +173,14 @@ class LayerOps(NamedTuple):
 
 EAGER_OPS = LayerOps(qk_norm_rope, add_norm, silu_mul)
 # Which arguments of each op have one entry per token row (the dimension that varies between forwards; the
-# others are weights and eps): torch_fused marks exactly these dynamic.
+# others are weights and eps): fused.py marks exactly these dynamic.
 ROW_ARGS = LayerOps((0, 2, 3), (0, 1), (0,))
 
 
 @dataclass
 class LayerWeights:
     ln1: Tensor
-    # the GEMM weights are Tensors, or torch_int8.Int8Linear (bias packed in, b* None) with quantize="int8"
+    # the GEMM weights are Tensors, or int8.Int8Linear (bias packed in, b* None) with quantize="int8"
     wqkv: Tensor  # [(H + 2 Hkv) D, hidden]
     bqkv: Tensor | None
     qk_norm: Tensor | None  # [H + Hkv, D]: the q-norm weight per query head, then the k-norm weight per KV head
@@ -291,9 +291,9 @@ class FastLM:
     def __init__(self, hf_model, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                  batch_invariant: bool = False, compile: bool = False, quantize: str | None = None,
                  gemm: str = "auto"):
-        """`compile`: fused elementwise kernels (torch_fused.py; eager with a warning where compiling fails);
-        `quantize="int8"`: dynamic int8 layer GEMMs (torch_int8.py); `gemm`: the layer GEMMs' library,
-        "auto" (packed oneDNN where it is faster, torch_onednn.py), "default" (F.linear) or "onednn".
+        """`compile`: fused elementwise kernels (fused.py; eager with a warning where compiling fails);
+        `quantize="int8"`: dynamic int8 layer GEMMs (int8.py); `gemm`: the layer GEMMs' library,
+        "auto" (packed oneDNN where it is faster, onednn.py), "default" (F.linear) or "onednn".
         See the module docstring."""
         cfg = hf_model.config
         self.batch_invariant = batch_invariant
@@ -353,24 +353,24 @@ class FastLM:
         self._n_params = (self.embed.numel() + self.norm.numel() + self.lm_head.numel()
                           + sum(p.numel() for p in m.layers.parameters()))
         if quantize == "int8":
-            from workbench.engines.torch_int8 import quantize_layers
+            from workbench.engines.torch.int8 import quantize_layers
 
             quantize_layers(self.layers)
         self.gemm, self.gemm_why = self._choose_gemm(gemm)
         if self.gemm == "onednn":
-            from workbench.engines.torch_onednn import pack_layers
+            from workbench.engines.torch.onednn import pack_layers
 
             pack_layers(self.layers)
         self.ops = EAGER_OPS
         if compile:
-            from workbench.engines.torch_fused import compile_ops
+            from workbench.engines.torch.fused import compile_ops
 
             self.ops = compile_ops(self)  # warmed up here; EAGER_OPS (and a warning) if compiling fails
         self.compiled = self.ops is not EAGER_OPS
 
     def _choose_gemm(self, mode: str) -> tuple[str, str]:
         """The layer GEMMs' library ("default" or "onednn") and why; the weights are still plain tensors here."""
-        from workbench.engines.torch_onednn import choose
+        from workbench.engines.torch.onednn import choose
 
         fixed = ("quantize='int8' has its own GEMM kernel" if self.quantize else
                  "batch_invariant=True pins F.linear's row blocks" if self.batch_invariant else None)
