@@ -182,7 +182,7 @@ def test_rope_equals_hf_bit_for_bit(checkpoints, dtype):
     bit, in both dtypes, at the positions of a long prompt and of a decode step."""
     from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
 
-    from workbench.engines.torch.model import EAGER_OPS
+    from workbench.engines.torch.layers import EAGER_OPS
 
     te = create_engine("torch", checkpoints["qwen3"], dtype=dtype)
     try:
@@ -277,7 +277,7 @@ def test_no_recompiles_after_warm_up(compiled):
 
 
 def test_default_engine_is_eager(checkpoints):
-    from workbench.engines.torch.model import EAGER_OPS
+    from workbench.engines.torch.layers import EAGER_OPS
 
     te = create_engine("torch", checkpoints["qwen3"])
     assert te.lm.ops is EAGER_OPS and not te.lm.compiled and te.lm.quantize is None
@@ -345,7 +345,7 @@ def test_int8_linear_is_the_product_of_rounded_operands(case, checkpoints):
         te = create_engine("torch", checkpoints["qwen3"], gemm="default")  # the weights as plain tensors
         lw = te.lm.layers[0]
         w, b = lw.w_gate_up, None
-        from workbench.engines.torch.model import rms_norm
+        from workbench.engines.torch.layers import rms_norm
 
         x = rms_norm(te.lm.embed_ids(torch.arange(2, 40)), lw.ln1, te.lm.eps)
     lin = Int8Linear(w, b)
@@ -440,7 +440,7 @@ def test_int8_bad_combinations_fail_up_front(checkpoints, kw, match):
 # modes is tests/test_engine_parity.py (its `engines` fixture runs every test with gemm="default" and
 # gemm="onednn"); here the kernel itself, with a bias (the test models have none), and the mode rules.
 # Fault injection (done once while writing this): the qkv bias not packed (make(lw.wqkv, None) in
-# torch/model.replace_layer_gemms):
+# torch/layers.replace_layer_gemms):
 # the parity tests passed (no biases there), test_onednn_layers_are_float32_gemms failed.
 
 
@@ -456,7 +456,7 @@ def test_onednn_layers_are_float32_gemms():
     """pack_layers on a layer with q/k/v and o biases: each packed GEMM's output is the float64 product (plus
     its bias) within the deterministic float32 summation bound gamma_{n+1} * (sum |x_i w_i| + |b|),
     gamma_k = k u / (1 - k u) (Higham, Thm 3.5): nothing loose to fit."""
-    from workbench.engines.torch.model import LayerWeights
+    from workbench.engines.torch.layers import LayerWeights
 
     onednn = _onednn_or_skip()
     g = torch.Generator().manual_seed(0)
@@ -484,7 +484,7 @@ def test_onednn_layers_are_float32_gemms():
 def test_onednn_bfloat16_layers_equal_f_linear(checkpoints):
     """bfloat16: packing changes no bit. Each packed GEMM (biases packed in) equals F.linear, which runs the same
     oneDNN kernel on the unpacked weight; and a whole bfloat16 engine's beams and scores equal gemm='default''s."""
-    from workbench.engines.torch.model import LayerWeights
+    from workbench.engines.torch.layers import LayerWeights
 
     onednn = _onednn_or_skip()
     if not onednn.bf16_supported():

@@ -65,7 +65,8 @@ def kernel_times(lm, prompt_len: int, beam: int, new_tokens: int, repeats: int =
     import torch
     import torch.nn.functional as F
 
-    from workbench.engines.torch.model import BLOCKED_MIN_LEN, MIN_ROWS, causal_attention, matmul
+    from workbench.engines.torch.layers import MIN_ROWS, matmul
+    from workbench.engines.torch.model import BLOCKED_MIN_LEN, causal_attention
 
     lw = lm.layers[0]  # every layer has the same shapes
     L = len(lm.layers)

@@ -1,8 +1,8 @@
 """The workbench's own engine: beam search, multi-item scoring and soft tokens on one fast path.
 
-How it works (see model.py for the attention layouts, search.py for the tensor math of
-a step: segments, trie mask, beam selection, scores; this module is the scheduler and the
-per-request state around them):
+How it works (see model.py for the forward and its attention, segments.py for the row layouts a step's
+requests take in it, search.py for the tensor math of a step: trie mask, beam selection, scores; this module is
+the scheduler and the per-request state around them):
 
 - A worker thread owns the model. Async callers enqueue jobs and await futures, so concurrent
   requests from many coroutines (or HTTP clients) meet in the same forwards.
@@ -54,19 +54,16 @@ from workbench.engines.base import (
 from workbench.engines.checks import validate_constraint, validate_projected
 from workbench.engines.torch.options import variant_name
 from workbench.engines.torch.search import (
-    KVLayout,
     banned_counts_by_depth,
     beams_of,
     candidate_scores,
     constraint_mask,
-    decode_segment,
-    pad_prompt_kv,
     reorder_own_kv,
     row_offsets,
-    score_segment,
     select_beams,
     select_beams_stacked,
 )
+from workbench.engines.torch.segments import KVLayout, PrefillSegment, decode_segment, pad_prompt_kv, score_segment
 
 
 def _import_torch():
@@ -225,7 +222,6 @@ class TorchEngine:
         Synchronous and outside the scheduler: for parity checks against an HF forward.
         """
         from workbench.engines.base import BeamSearchRequest
-        from workbench.engines.torch.model import PrefillSegment
 
         req = BeamSearchRequest(prompt, beam_width=1, max_new_tokens=1)
         validate_beam_request(req, self.limits)
@@ -372,7 +368,6 @@ class TorchEngine:
     # ---- one forward -------------------------------------------------------------------------
     def _iteration(self, pre: list[_Job], dec: list[_Job], sc: list[_Job]) -> None:
         torch = _import_torch()
-        from workbench.engines.torch.model import PrefillSegment
 
         lm = self.lm
         embeds = self._admit_prompts(pre)

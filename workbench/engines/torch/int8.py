@@ -35,6 +35,7 @@ import warnings
 import torch
 from torch import Tensor
 
+from workbench.engines.torch.layers import replace_layer_gemms
 from workbench.hardware import has_cpu_flag
 
 # 7-bit activations unless the CPU has AVX512-VNNI (see the module docstring)
@@ -71,7 +72,5 @@ class Int8Linear:
 
 
 def quantize_layers(layers: list) -> None:
-    """Replace every layer's GEMM weights (model.LayerWeights) by Int8Linear, biases packed in."""
-    from workbench.engines.torch.model import replace_layer_gemms
-
+    """Replace every layer's GEMM weights (layers.LayerWeights) by Int8Linear, biases packed in."""
     replace_layer_gemms(layers, Int8Linear)
