@@ -121,7 +121,7 @@ def _cmd_engines(args) -> int:
 
         return launch_cli(args.name, args.checkpoint, dtype=args.dtype)
     if args.action == "validate":
-        from workbench.engines.remote.launcher import validate_cli
+        from workbench.engines.parity import validate_cli
 
         return validate_cli(args.name, args.checkpoint, dtype=args.dtype)
     raise AssertionError(args.action)

@@ -16,9 +16,8 @@ production. This module owns that process:
 Executables are resolved per engine: an explicit env var (`WORKBENCH_VLLM_BIN`, `WORKBENCH_SGLANG_PYTHON`,
 `WORKBENCH_TRTLLM_BIN`), then the repo's `.venvs/<env>/bin`, then `PATH`.
 
-CLI: `workbench engines launch vllm --checkpoint DIR` (serves until Ctrl-C) and
-`workbench engines validate vllm --checkpoint DIR` (launch, run the parity checks against the torch
-engine, print one JSON line).
+CLI: `workbench engines launch vllm --checkpoint DIR` (serves until Ctrl-C); `workbench engines validate`
+(launch, run the parity checks against the torch engine) is parity.py's, which launches through here.
 """
 
 from __future__ import annotations
@@ -501,7 +500,7 @@ def launch(spec: ServerSpec, log_path: Path | str | None = None, quiet: bool = T
             _stop(proc)
 
 
-# ---- CLI entry points (workbench engines launch|validate) --------------------------------------------
+# ---- CLI entry point (workbench engines launch; `validate` is parity.validate_cli) -------------------
 
 
 def launch_cli(name: str | None, checkpoint: str | None, dtype: str = "float32") -> int:
@@ -518,19 +517,3 @@ def launch_cli(name: str | None, checkpoint: str | None, dtype: str = "float32")
         print(f"{name} server exited with code {server.process.returncode}; log tail:\n{server.log_tail()}",
               file=sys.stderr)
         return 1
-
-
-def validate_cli(name: str | None, checkpoint: str | None, dtype: str = "float32") -> int:
-    """Launch `name` in `dtype`, check it against the torch engine on `checkpoint` (tolerance derived for
-    `dtype`), print one JSON line; 0 if all pass."""
-    import asyncio
-    import json
-
-    from workbench.engines.parity import run_parity
-
-    if not name or not checkpoint:
-        print("usage: workbench engines validate NAME --checkpoint DIR", file=sys.stderr)
-        return 2
-    report = asyncio.run(run_parity(name, checkpoint, dtype=dtype))
-    print(json.dumps(report, sort_keys=True))
-    return 0 if report.get("ok") else 1
