@@ -16,6 +16,7 @@ import os
 import sys
 from pathlib import Path
 
+from workbench import names
 from workbench.errors import UsageError
 
 
@@ -160,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--engine", default="torch", choices=["torch", "hf"])
     s.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     s.add_argument("--port", type=int, default=8100, help="TCP port, 1-65535 (checked before the model loads)")
-    s.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16"],
+    s.add_argument("--dtype", default="float32", choices=names.DTYPES,
                    help="auto: bfloat16 where the CPU has AMX or AVX512-BF16, else float32")
     from workbench.engines.torch import options as torch_options
 
@@ -191,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("action", choices=["list", "launch", "validate"])
     s.add_argument("name", nargs="?", default=None)
     s.add_argument("--checkpoint", default=None)
-    s.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16"],
+    s.add_argument("--dtype", default="float32", choices=names.DTYPES,
                    help="auto: bfloat16 where the CPU has AMX or AVX512-BF16, else float32")
     s.set_defaults(func=_cmd_engines)
     return p

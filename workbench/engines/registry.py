@@ -15,13 +15,14 @@ import importlib
 import importlib.util
 from dataclasses import dataclass
 
+from workbench import names
 from workbench.engines.base import FEATURES, Capabilities, EngineUnavailable, FeatureSupport, Support
 
 
 @dataclass(frozen=True)
 class EngineSpec:
     name: str
-    module: str  # workbench.engines.<name>_engine
+    module: str  # where the engine class lives, imported on first use
     class_name: str
     backend_packages: tuple[str, ...]  # importable names the engine needs (checked with find_spec)
     how_to_install: str
@@ -49,6 +50,10 @@ ENGINES: dict[str, EngineSpec] = {
         "its own CUDA environment on a GPU host (pip install tensorrt-llm from NVIDIA's index); there is no CPU build",
     ),
 }
+# names.ENGINES is the one list of engine names (the config's engine field reads it): one spec per name, in order
+if tuple(ENGINES) != names.ENGINES:
+    raise ImportError(f"the registry's engines {tuple(ENGINES)} are not names.ENGINES {names.ENGINES}: "
+                      "add or remove the name in both")
 
 
 def _spec(name: str) -> EngineSpec:

@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from workbench import tracking
+from workbench import names, tracking
 from workbench.engines.torch import options as torch_options
 from workbench.errors import UsageError
 from workbench.hardware import matmul_gflops
@@ -78,7 +78,7 @@ def parse_args(argv):
                    help="random Qwen3 size, named by its non-embedding parameters (workbench/model/random_checkpoint.py)")
     p.add_argument("--checkpoint", default=None, help="use this checkpoint instead of a random one")
     p.add_argument("--quick", action="store_true", help="fewer hf requests/candidates and repeats (about a minute)")
-    p.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16", "both"],
+    p.add_argument("--dtype", default="float32", choices=[*names.DTYPES, "both"],
                    help="auto: bfloat16 where the CPU has AMX or AVX512-BF16, else float32; both (with --floor): "
                         "float32 then bfloat16 in one run, side by side")
     p.add_argument("--device", default="cpu")
