@@ -100,7 +100,7 @@ def test_special_tokens_saved_and_old_checkpoints_load_the_same(ck_dir, tmp_path
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     from workbench.engines.base import BeamSearchRequest, Prompt, ScoreRequest
-    from workbench.engines.torch_engine import TorchEngine
+    from workbench.engines.torch.engine import TorchEngine
     from workbench.sids.layout import SPECIAL_TOKENS
 
     layout = read_meta(ck_dir).layout

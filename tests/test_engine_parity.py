@@ -21,7 +21,7 @@ from workbench.engines.base import BeamSearchRequest, Prompt, ScoreRequest  # no
 from workbench.engines.registry import create_engine  # noqa: E402
 from workbench.testing import make_random_checkpoint  # noqa: E402
 from workbench.engines.numerics import logprob_bound  # noqa: E402
-from workbench.engines.torch_model import BLOCKED_MIN_LEN  # noqa: E402
+from workbench.engines.torch.model import BLOCKED_MIN_LEN  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.timeout(300)
                                         ("llama", "onednn")], ids=lambda p: "-".join(p))
 def engines(request, tmp_path_factory):
     """(torch engine, hf oracle) on a random model; the torch engine's float32 GEMMs on F.linear or oneDNN."""
-    from workbench.engines import torch_onednn
+    from workbench.engines.torch import onednn as torch_onednn
 
     arch, gemm = request.param
     if gemm == "onednn" and not torch_onednn.available():
@@ -78,7 +78,7 @@ def test_beam_search_matches_hf_generate(engines):
         BeamSearchRequest(Prompt.of(rng.integers(2, 340, size=17).tolist()), beam_width=8, max_new_tokens=3),
         BeamSearchRequest(Prompt.of(rng.integers(2, 300, size=9).tolist()), beam_width=1, max_new_tokens=3),
         BeamSearchRequest(soft_prompt(te.limits, rng), beam_width=6, max_new_tokens=3),
-        # long enough for the CPU's blocked prefill attention (torch_model.BLOCKED_MIN_LEN), last block partial
+        # long enough for the CPU's blocked prefill attention (torch/model.BLOCKED_MIN_LEN), last block partial
         BeamSearchRequest(Prompt.of(rng.integers(2, 300, size=BLOCKED_MIN_LEN + 44).tolist()), beam_width=5,
                           max_new_tokens=3),
     ]
@@ -233,7 +233,7 @@ def test_stacked_selection_equals_per_request_selection():
     """One top-k over a decode step's requests (select_beams_stacked) keeps exactly the beams, log-probs and
     parents that per-request select_beams keeps; a request with too few finite candidates (a constraint's
     -inf) is handed back as None, so the engine selects it alone."""
-    from workbench.engines.torch_search import select_beams, select_beams_stacked
+    from workbench.engines.torch.search import select_beams, select_beams_stacked
 
     g = torch.Generator().manual_seed(0)
     n, B, s, V, width = 5, 6, 2, 40, 6

@@ -92,8 +92,8 @@ def test_floor_runs_both_dtypes_side_by_side(checkpoint, capsys, mlflow_store):
 
 def test_ab_runs_two_engines_on_the_same_requests(checkpoint, capsys, mlflow_store):
     """`--ab A B`: both engines, the same requests alternating; the ratio and the same-beams count come from the
-    per-request rows. bf16 default vs packed oneDNN GEMMs give the same beams bit for bit (torch_onednn.py)."""
-    from workbench.engines import torch_onednn
+    per-request rows. bf16 default vs packed oneDNN GEMMs give the same beams bit for bit (torch/onednn.py)."""
+    from workbench.engines.torch import onednn as torch_onednn
 
     dtype = "bfloat16" if torch_onednn.bf16_supported() else "float32"
     rc = microbench_main(["--ab", "gemm=default", f"gemm=onednn,dtype={dtype}", "--dtype", dtype, "--quick",

@@ -48,7 +48,7 @@ class StandIn:
     def __init__(self, app):
         import uvicorn
 
-        from workbench.engines.launcher import free_port
+        from workbench.engines.remote.launcher import free_port
 
         self.port = free_port()
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
@@ -227,8 +227,8 @@ async def test_sglang_adapter_contract(ckpt):
     import sglang_wheel
 
     sglang_wheel.require_wheel()
-    from workbench.engines.http_common import PromptEmbedder
-    from workbench.engines.sglang_engine import SGLangEngine
+    from workbench.engines.remote.http_common import PromptEmbedder
+    from workbench.engines.remote.sglang import SGLangEngine
 
     vocab = json.loads((ckpt / "config.json").read_text())["vocab_size"]
     received: list = []
@@ -380,7 +380,7 @@ def trtllm_app(received: list, vocab: int):
 
 @pytest.mark.contract_only
 async def test_trtllm_adapter_contract(ckpt):
-    from workbench.engines.trtllm_engine import TRTLLMEngine, _log_softmax
+    from workbench.engines.remote.trtllm import TRTLLMEngine, _log_softmax
 
     vocab = __import__("json").loads((ckpt / "config.json").read_text())["vocab_size"]
     received: list = []
@@ -414,7 +414,7 @@ async def test_trtllm_adapter_contract(ckpt):
             await eng.close()
 
 
-# ---- TensorRT-LLM scoring layer (trtllm_scoring_server.py) with a fake LLM object ---------------------
+# ---- TensorRT-LLM scoring layer (in_trtllm/scoring_server.py) with a fake LLM object ---------------------
 #
 # CONTRACT-ONLY: the layer's FastAPI app runs for real; the `LLM` objects behind it are stand-ins that
 # record the calls and answer in the shapes of TensorRT-LLM 1.3.0rc20's LLM API (`LLM.encode ->
@@ -494,7 +494,7 @@ class FakeAPI:
 
 
 def _layer_logprobs(model, ids, vec=None):
-    from workbench.engines.trtllm_scoring_server import _log_softmax_rows
+    from workbench.engines.in_trtllm.scoring_server import _log_softmax_rows
 
     return _log_softmax_rows(model.rows(ids, vec))
 
@@ -504,8 +504,8 @@ async def test_trtllm_scoring_layer_contract(ckpt):
     if importlib.util.find_spec("tensorrt_llm") is not None:
         pytest.skip("tensorrt_llm is installed: the real layer is validated by scripts/validate_gpu_engines.sh")
     from workbench.model.checkpoint import read_meta
-    from workbench.engines.trtllm_engine import TRTLLMEngine
-    from workbench.engines.trtllm_scoring_server import LLMScorer, create_app
+    from workbench.engines.remote.trtllm import TRTLLMEngine
+    from workbench.engines.in_trtllm.scoring_server import LLMScorer, create_app
     from workbench.sids.layout import Catalog
 
     vocab = json.loads((ckpt / "config.json").read_text())["vocab_size"]
@@ -592,7 +592,7 @@ async def test_trtllm_scoring_layer_contract(ckpt):
 def test_trtllm_scoring_layer_packed_call_and_unavailable(ckpt):
     """The packed multi-item call of 1.3.0rc2x (PR #14693: `multi_item_part_lens` in the input, no extra
     keyword), float32 refused for it, and the clear error without tensorrt_llm."""
-    from workbench.engines.trtllm_scoring_server import LLMScorer, ScoreJob, build_scorer, packed_sequence
+    from workbench.engines.in_trtllm.scoring_server import LLMScorer, ScoreJob, build_scorer, packed_sequence
 
     seq, delims = packed_sequence([5, 6], [[10, 11], [12]], 99)
     assert seq == [5, 6, 99, 10, 11, 99, 12, 99] and delims == [2, 5, 7]
@@ -619,7 +619,7 @@ def test_launcher_specs_for_pinned_flags(ckpt, monkeypatch):
     is checked against the wheel's server args in tests/test_sglang_wheel_contract.py.)"""
     import sys
 
-    from workbench.engines import launcher
+    from workbench.engines.remote import launcher
 
     monkeypatch.setenv("WORKBENCH_SGLANG_PYTHON", sys.executable)
     monkeypatch.setenv("WORKBENCH_TRTLLM_PYTHON", sys.executable)
@@ -630,7 +630,7 @@ def test_launcher_specs_for_pinned_flags(ckpt, monkeypatch):
     with pytest.raises(ValueError, match="FlashInfer"):
         launcher.sglang_spec(ckpt, "float32", enable_mis=True)
     spec = launcher.trtllm_scoring_spec(ckpt, port=8123, multi_item="packed")
-    assert spec.argv[:3] == (sys.executable, "-m", "workbench.engines.trtllm_scoring_server")
+    assert spec.argv[:3] == (sys.executable, "-m", "workbench.engines.in_trtllm.scoring_server")
     assert spec.argv[spec.argv.index("--checkpoint") + 1] == str(ckpt.resolve()) and spec.url.endswith(":8123")
     assert spec.argv[spec.argv.index("--multi-item") + 1] == "packed" and "--mis-kwarg" not in spec.argv
     # trtllm-serve: no --dtype flag; the dtype and KV share travel in the --extra_llm_api_options YAML

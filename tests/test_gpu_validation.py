@@ -142,7 +142,7 @@ def test_table_passes_and_fails_on_real_results(hf_result):
 
 class PrefixedLabelEngine:
     """The real torch engine whose label scores also condition on one token before each item, as SGLang's
-    multi-item scoring does with its delimiter placeholder (sglang_engine.label_candidate_prefix)."""
+    multi-item scoring does with its delimiter placeholder (remote/sglang.label_candidate_prefix)."""
 
     def __init__(self, inner, prefix: tuple[int, ...], declare: bool):
         self.inner, self.prefix, self.name = inner, prefix, "prefixed"

@@ -14,8 +14,8 @@ import time
 import httpx
 import pytest
 
-from workbench.engines import launcher
-from workbench.engines.launcher import LaunchError, ServerSpec, free_port, launch
+from workbench.engines.remote import launcher
+from workbench.engines.remote.launcher import LaunchError, ServerSpec, free_port, launch
 
 pytestmark = pytest.mark.timeout(60)
 

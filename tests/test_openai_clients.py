@@ -30,7 +30,7 @@ pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 
-from workbench.engines.launcher import launch, workbench_serve_spec  # noqa: E402
+from workbench.engines.remote.launcher import launch, workbench_serve_spec  # noqa: E402
 from workbench.testing import make_random_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
@@ -217,7 +217,7 @@ def test_vllm_bench_serve(served, checkpoint, tmp_path):
     special ids, so never the `<|user|>` placeholder), 4 output tokens, Poisson arrivals at 10/s."""
     from vllm_fixtures import require_vllm_env
 
-    from workbench.engines.launcher import find_executable
+    from workbench.engines.remote.launcher import find_executable
 
     require_vllm_env()
     from transformers import AutoTokenizer

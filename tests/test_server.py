@@ -16,7 +16,7 @@ httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 
 from workbench.engines.base import BeamSearchRequest, Prompt, ScoreRequest  # noqa: E402
-from workbench.engines.http_engine import HTTPEngine  # noqa: E402
+from workbench.engines.remote.http_engine import HTTPEngine  # noqa: E402
 from workbench.engines.registry import create_engine  # noqa: E402
 from workbench.engines.serving.app import create_app  # noqa: E402
 from workbench.testing import make_random_checkpoint  # noqa: E402

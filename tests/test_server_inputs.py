@@ -43,7 +43,7 @@ httpx = pytest.importorskip("httpx")
 
 from workbench.engines.numerics import logprob_bound  # noqa: E402
 from workbench.engines.base import Prompt  # noqa: E402
-from workbench.engines.launcher import launch, workbench_serve_spec  # noqa: E402
+from workbench.engines.remote.launcher import launch, workbench_serve_spec  # noqa: E402
 from workbench.engines.registry import create_engine  # noqa: E402
 from workbench.testing import make_random_checkpoint  # noqa: E402
 

@@ -37,7 +37,7 @@ pytest.importorskip("prometheus_client")
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from workbench.engines.launcher import free_port, launch, workbench_serve_spec  # noqa: E402
+from workbench.engines.remote.launcher import free_port, launch, workbench_serve_spec  # noqa: E402
 from workbench.engines.registry import create_engine  # noqa: E402
 from workbench.engines.serving.app import create_app  # noqa: E402
 from workbench.testing import make_random_checkpoint  # noqa: E402

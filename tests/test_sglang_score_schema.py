@@ -37,7 +37,7 @@ httpx = pytest.importorskip("httpx")
 
 import sglang_wheel  # noqa: E402
 from workbench.engines.base import Prompt, ScoreRequest  # noqa: E402
-from workbench.engines.launcher import launch, workbench_serve_spec  # noqa: E402
+from workbench.engines.remote.launcher import launch, workbench_serve_spec  # noqa: E402
 from workbench.engines.registry import create_engine  # noqa: E402
 from workbench.engines.serving.sglang_api import ScoreBody  # noqa: E402
 from workbench.testing import make_random_checkpoint  # noqa: E402

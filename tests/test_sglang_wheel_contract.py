@@ -99,7 +99,7 @@ def _vocab(ck) -> int:
 
 def _stand_in(ck, received, **kw):
     from test_gpu_adapters_contract import sglang_app
-    from workbench.engines.http_common import PromptEmbedder
+    from workbench.engines.remote.http_common import PromptEmbedder
 
     return sglang_app(received, _vocab(ck), table=PromptEmbedder(ck).embed(range(_vocab(ck))).numpy(), **kw)
 
@@ -164,7 +164,7 @@ def _check_score(body: dict) -> list[str]:
 
 async def test_every_body_the_adapter_sends_is_sglangs(soft_ckpt):
     from test_gpu_adapters_contract import StandIn
-    from workbench.engines.sglang_engine import SGLangEngine
+    from workbench.engines.remote.sglang import SGLangEngine
 
     received: list = []
     with StandIn(_stand_in(soft_ckpt, received)) as srv:
@@ -209,7 +209,7 @@ async def test_every_body_the_adapter_sends_is_sglangs(soft_ckpt):
 def test_beam_score_conversion_is_exact():
     """SGLang returns cum_logprob / length (its BeamGroup.beam_score, run from the wheel); the adapter's inverse gives
     the float32 cumulative log-prob back bit-exactly, also through JSON."""
-    from workbench.engines.sglang_engine import cum_logprob_from_score
+    from workbench.engines.remote.sglang import cum_logprob_from_score
 
     rng = random.Random(0)
     inexact = 0
@@ -224,7 +224,7 @@ def test_beam_score_conversion_is_exact():
 
 async def test_refused_beam_search_falls_back_to_the_loop(plain_ckpt):
     from test_gpu_adapters_contract import StandIn
-    from workbench.engines.sglang_engine import SGLangEngine
+    from workbench.engines.remote.sglang import SGLangEngine
 
     refusal = sw.message(sw.BEAM_COORDINATOR, "Beam search currently requires --page-size 1")
     received: list = []
@@ -269,7 +269,7 @@ def _check_argv(argv: tuple[str, ...]) -> None:
                                   ("plain", "float16", True), ("plain", "bfloat16", False)],
                          ids=lambda c: "-".join(map(str, c)))
 def test_launcher_command_lines_are_sglang_server_args(case, soft_ckpt, plain_ckpt, monkeypatch):
-    from workbench.engines import launcher
+    from workbench.engines.remote import launcher
 
     monkeypatch.setenv("WORKBENCH_SGLANG_PYTHON", sys.executable)
     kind, dtype, mis = case
@@ -285,7 +285,7 @@ def test_launcher_command_lines_are_sglang_server_args(case, soft_ckpt, plain_ck
 
 
 def test_mis_is_never_launched_in_float32(plain_ckpt, monkeypatch):
-    from workbench.engines import launcher
+    from workbench.engines.remote import launcher
 
     monkeypatch.setenv("WORKBENCH_SGLANG_PYTHON", sys.executable)
     for dtype in ("float32", "float"):
@@ -299,7 +299,7 @@ def test_mis_is_never_launched_in_float32(plain_ckpt, monkeypatch):
 def launched(monkeypatch):
     """SGLangEngine launches through the real launcher; the 'server' is a stand-in configured from its command line."""
     from test_gpu_adapters_contract import StandIn
-    from workbench.engines.sglang_engine import SGLangEngine
+    from workbench.engines.remote.sglang import SGLangEngine
 
     monkeypatch.setenv("WORKBENCH_SGLANG_PYTHON", sys.executable)
     seen: dict = {}

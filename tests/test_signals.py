@@ -164,7 +164,7 @@ def test_signal_while_run_is_created_is_not_lost(mlflow_store, monkeypatch):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_signal_to_serve_shuts_down_cleanly(bench_checkpoint, tmp_path, sig):
-    from workbench.engines.launcher import free_port
+    from workbench.engines.remote.launcher import free_port
 
     port = free_port()
     proc = Proc(["serve", "--checkpoint", str(bench_checkpoint), "--port", str(port)], cli_env(tmp_path), tmp_path)

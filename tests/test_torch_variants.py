@@ -1,6 +1,6 @@
 """The torch engine's opt-in variants: `compile=True` (fused elementwise kernels) and `quantize="int8"`.
 
-compile (workbench/engines/torch_fused.py), on tiny random Qwen3 (float32, bfloat16) and Llama (float32)
+compile (workbench/engines/torch/fused.py), on tiny random Qwen3 (float32, bfloat16) and Llama (float32)
 checkpoints, against the plain hf engine (transformers, float32) as the oracle:
 - beam search (plain, soft token), full-width constrained search vs exhaustive fan-out scoring, and
   sequence / label scoring stay within the derived rounding bound of workbench/engines/numerics.py:
@@ -15,7 +15,7 @@ checkpoints, against the plain hf engine (transformers, float32) as the oracle:
 - without a C++ compiler the engine warns once and runs eager (a subprocess with CXX=/nonexistent
   and an empty inductor cache).
 
-int8 (workbench/engines/torch_int8.py):
+int8 (workbench/engines/torch/int8.py):
 - the kernel (derived, tight): an Int8Linear output equals the float64 product of its two rounded
   operands (weights per channel, activations per tensor with the kernel's own qparams) to float32
   rounding, each operand within half a quantization step of the original; also for the input that
@@ -48,7 +48,7 @@ Fault injection (each done once while writing this, then reverted):
   more than half their channel's step); the engine test passed (a coarser but sound quantization);
 - Int8Linear with the bias not packed: the kernel test's random_with_bias case failed (~4e6 ulps).
 The saturating case could not be made to fail here (this CPU has VNNI, so nothing saturates); it is there
-for a CPU where the VNNI rule of torch_int8.ACT_REDUCE_RANGE would be wrong.
+for a CPU where the VNNI rule of torch/int8.ACT_REDUCE_RANGE would be wrong.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ pytest.importorskip("transformers")
 from workbench.engines.base import BeamSearchRequest, Prompt, ScoreRequest  # noqa: E402
 from workbench.engines.numerics import UNIT_ROUNDOFF, engine_bound, logprob_bound  # noqa: E402
 from workbench.engines.registry import create_engine  # noqa: E402
-from workbench.engines.torch_model import BLOCKED_MIN_LEN  # noqa: E402
+from workbench.engines.torch.model import BLOCKED_MIN_LEN  # noqa: E402
 from workbench.testing import make_random_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
@@ -182,7 +182,7 @@ def test_rope_equals_hf_bit_for_bit(checkpoints, dtype):
     bit, in both dtypes, at the positions of a long prompt and of a decode step."""
     from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
 
-    from workbench.engines.torch_model import EAGER_OPS
+    from workbench.engines.torch.layers import EAGER_OPS
 
     te = create_engine("torch", checkpoints["qwen3"], dtype=dtype)
     try:
@@ -277,7 +277,7 @@ def test_no_recompiles_after_warm_up(compiled):
 
 
 def test_default_engine_is_eager(checkpoints):
-    from workbench.engines.torch_model import EAGER_OPS
+    from workbench.engines.torch.layers import EAGER_OPS
 
     te = create_engine("torch", checkpoints["qwen3"])
     assert te.lm.ops is EAGER_OPS and not te.lm.compiled and te.lm.quantize is None
@@ -315,7 +315,7 @@ def test_compile_falls_back_to_eager_without_a_compiler(checkpoints, tmp_path):
 def _int8_reference(lin, x, b):
     """(float64 product of the rounded operands plus the bias `b`, rounded weights, rounded activations, the
     activations' step) of Int8Linear `lin` on `x`."""
-    from workbench.engines.torch_int8 import ACT_REDUCE_RANGE
+    from workbench.engines.torch.int8 import ACT_REDUCE_RANGE
 
     # the kernel's own per-call activation qparams
     scale, zero = torch._choose_qparams_per_tensor(x, ACT_REDUCE_RANGE)
@@ -332,7 +332,7 @@ def test_int8_linear_is_the_product_of_rounded_operands(case, checkpoints):
     dequantized activations and weights up to float32 rounding of the rescale (a few ulps of the sum of
     |products|), each weight is within half its channel's step (max|w_j| / 254) and each activation
     within half the call's step."""
-    from workbench.engines.torch_int8 import Int8Linear
+    from workbench.engines.torch.int8 import Int8Linear
 
     g = torch.Generator().manual_seed(0)
     if case == "random_with_bias":
@@ -345,7 +345,7 @@ def test_int8_linear_is_the_product_of_rounded_operands(case, checkpoints):
         te = create_engine("torch", checkpoints["qwen3"], gemm="default")  # the weights as plain tensors
         lw = te.lm.layers[0]
         w, b = lw.w_gate_up, None
-        from workbench.engines.torch_model import rms_norm
+        from workbench.engines.torch.layers import rms_norm
 
         x = rms_norm(te.lm.embed_ids(torch.arange(2, 40)), lw.ln1, te.lm.eps)
     lin = Int8Linear(w, b)
@@ -427,7 +427,7 @@ def test_int8_with_compile(checkpoints):
     ({"quantize": "int4"}, "not known"),
 ])
 def test_int8_bad_combinations_fail_up_front(checkpoints, kw, match):
-    from workbench.engines.torch_model import UnsupportedOption
+    from workbench.engines.torch.model import UnsupportedOption
     from workbench.errors import UsageError
 
     with pytest.raises(UnsupportedOption, match=match) as e:
@@ -435,17 +435,17 @@ def test_int8_bad_combinations_fail_up_front(checkpoints, kw, match):
     assert isinstance(e.value, UsageError)  # the CLI prints it as a usage error (exit 2), no traceback
 
 
-# ---- gemm="onednn" (workbench/engines/torch_onednn.py) -----------------------------------------------
+# ---- gemm="onednn" (workbench/engines/torch/onednn.py) -----------------------------------------------
 # The float32 layer GEMMs on oneDNN instead of F.linear. The engine's parity with the hf oracle in both
 # modes is tests/test_engine_parity.py (its `engines` fixture runs every test with gemm="default" and
 # gemm="onednn"); here the kernel itself, with a bias (the test models have none), and the mode rules.
 # Fault injection (done once while writing this): the qkv bias not packed (make(lw.wqkv, None) in
-# torch_model.replace_layer_gemms):
+# torch/layers.replace_layer_gemms):
 # the parity tests passed (no biases there), test_onednn_layers_are_float32_gemms failed.
 
 
 def _onednn_or_skip():
-    from workbench.engines import torch_onednn
+    from workbench.engines.torch import onednn as torch_onednn
 
     if not torch_onednn.available():
         pytest.skip("this PyTorch build has no oneDNN linear kernel")
@@ -456,7 +456,7 @@ def test_onednn_layers_are_float32_gemms():
     """pack_layers on a layer with q/k/v and o biases: each packed GEMM's output is the float64 product (plus
     its bias) within the deterministic float32 summation bound gamma_{n+1} * (sum |x_i w_i| + |b|),
     gamma_k = k u / (1 - k u) (Higham, Thm 3.5): nothing loose to fit."""
-    from workbench.engines.torch_model import LayerWeights
+    from workbench.engines.torch.layers import LayerWeights
 
     onednn = _onednn_or_skip()
     g = torch.Generator().manual_seed(0)
@@ -484,7 +484,7 @@ def test_onednn_layers_are_float32_gemms():
 def test_onednn_bfloat16_layers_equal_f_linear(checkpoints):
     """bfloat16: packing changes no bit. Each packed GEMM (biases packed in) equals F.linear, which runs the same
     oneDNN kernel on the unpacked weight; and a whole bfloat16 engine's beams and scores equal gemm='default''s."""
-    from workbench.engines.torch_model import LayerWeights
+    from workbench.engines.torch.layers import LayerWeights
 
     onednn = _onednn_or_skip()
     if not onednn.bf16_supported():
@@ -518,7 +518,7 @@ def test_onednn_bfloat16_layers_equal_f_linear(checkpoints):
 
 def test_gemm_modes(checkpoints):
     """auto measures and says why; default is F.linear; onednn where it cannot run fails up front."""
-    from workbench.engines.torch_model import UnsupportedOption
+    from workbench.engines.torch.model import UnsupportedOption
 
     onednn = _onednn_or_skip()
     auto = create_engine("torch", checkpoints["qwen3"])

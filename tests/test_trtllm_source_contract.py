@@ -120,7 +120,7 @@ def serve_app(received: list, vocab: int, logprobs_form: str = "openai"):
 @pytest.mark.contract_only
 async def test_completions_fields_exist_in_completion_request(ckpt):
     """Every body the adapter posts validates as 1.3.0rc2x's CompletionRequest (beam search, both scorings)."""
-    from workbench.engines.trtllm_engine import TRTLLMEngine
+    from workbench.engines.remote.trtllm import TRTLLMEngine
 
     vocab = _vocab(ckpt)
     received: list = []
@@ -148,7 +148,7 @@ async def test_completions_fields_exist_in_completion_request(ckpt):
 @pytest.mark.parametrize("form", ["openai", "chat", "none"])
 async def test_beam_logprobs_read_in_every_form(ckpt, form):
     """1.3.0rc2x answers CompletionLogProbs; other forms are read too, and a beam without them is re-scored."""
-    from workbench.engines.trtllm_engine import TRTLLMEngine, _log_softmax
+    from workbench.engines.remote.trtllm import TRTLLMEngine, _log_softmax
 
     vocab = _vocab(ckpt)
     received: list = []
@@ -269,7 +269,7 @@ class RecordingAPI:
 
 
 def _scorer(ckpt, multi_item: bool):
-    from workbench.engines.trtllm_scoring_server import LLMScorer
+    from workbench.engines.in_trtllm.scoring_server import LLMScorer
     from workbench.model.checkpoint import read_meta
     from workbench.sids.layout import Catalog
 
@@ -284,7 +284,7 @@ def _scorer(ckpt, multi_item: bool):
 @pytest.mark.contract_only
 def test_scoring_layer_calls_match_llm_api(ckpt):
     """Every call the layer makes (packed + batched scoring, soft token, plain/constrained/soft beams)."""
-    from workbench.engines.trtllm_scoring_server import ScoreJob, _log_softmax_rows, kv_cache_kwargs, llm_kwargs
+    from workbench.engines.in_trtllm.scoring_server import ScoreJob, _log_softmax_rows, kv_cache_kwargs, llm_kwargs
     from workbench.model.checkpoint import read_meta
 
     llm, args = FACTS["llm"], FACTS["llm_args"]
@@ -344,8 +344,8 @@ def test_scoring_layer_calls_match_llm_api(ckpt):
 
 @pytest.mark.contract_only
 def test_float32_multi_item_is_refused_or_reported(ckpt):
-    from workbench.engines.trtllm_engine import TRTLLMEngine
-    from workbench.engines.trtllm_scoring_server import checkpoint_dtype, resolve_multi_item
+    from workbench.engines.remote.trtllm import TRTLLMEngine
+    from workbench.engines.in_trtllm.scoring_server import checkpoint_dtype, resolve_multi_item
 
     for d in FACTS["llm_args"]["multi_item_dtypes"]:
         assert resolve_multi_item("auto", d)[0] and resolve_multi_item("packed", d)[0]
@@ -369,8 +369,8 @@ def test_float32_multi_item_is_refused_or_reported(ckpt):
 def test_trtllm_serve_command_and_extra_options(ckpt, monkeypatch):
     import yaml
 
-    from workbench.engines import launcher
-    from workbench.engines.trtllm_scoring_server import parser
+    from workbench.engines.remote import launcher
+    from workbench.engines.in_trtllm.scoring_server import parser
 
     serve, args = FACTS["serve"], FACTS["llm_args"]
     monkeypatch.setenv("WORKBENCH_TRTLLM_BIN", sys.executable)
@@ -400,8 +400,8 @@ def test_trtllm_serve_command_and_extra_options(ckpt, monkeypatch):
 
 
 def _checkpoint_files():
-    """trtllm_plugin/checkpoint_files.py loaded on its own (the package __init__ imports tensorrt_llm)."""
-    path = REPO / "workbench" / "engines" / "trtllm_plugin" / "checkpoint_files.py"
+    """in_trtllm/soft_token_plugin/checkpoint_files.py loaded on its own (the package __init__ imports tensorrt_llm)."""
+    path = REPO / "workbench" / "engines" / "in_trtllm" / "soft_token_plugin" / "checkpoint_files.py"
     spec = importlib.util.spec_from_file_location("wb_trtllm_checkpoint_files", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -411,7 +411,7 @@ def _checkpoint_files():
 def test_plugin_finds_projector_behind_serving_view(ckpt, tmp_path, monkeypatch):
     from transformers import AutoConfig
 
-    from workbench.engines.launcher import WORKBENCH_ONLY_FILES, serving_dir
+    from workbench.engines.remote.launcher import WORKBENCH_ONLY_FILES, serving_dir
 
     cf = _checkpoint_files()
     monkeypatch.delenv(cf.CHECKPOINT_ENV, raising=False)
@@ -510,7 +510,7 @@ def test_facts_rederived_from_source():
     assert "multi_item_part_lens" in (root / "tensorrt_llm/llmapi/llm.py").read_text()
     args = parse("tensorrt_llm/llmapi/llm_args.py")
     torch_fields = _all_fields(args, "TorchLlmArgs") | set(FACTS["llm"]["LLM.__init__"])
-    from workbench.engines.trtllm_scoring_server import kv_cache_kwargs, llm_kwargs
+    from workbench.engines.in_trtllm.scoring_server import kv_cache_kwargs, llm_kwargs
 
     for multi in (True, False):
         for kw in llm_kwargs("/m", "bfloat16", max_beam_width=4, multi_item=multi, kv_cache_config=None):

@@ -40,7 +40,7 @@ def test_checkpoint_loads_in_vllm_env():
     import torch
 
     from workbench.model.checkpoint import load_checkpoint
-    from workbench.engines.launcher import env_dir, serving_dir
+    from workbench.engines.remote.launcher import env_dir, serving_dir
 
     ckpt = small_checkpoint()
     py = env_dir("vllm") / "bin" / "python"
@@ -154,7 +154,7 @@ async def test_bad_requests_fail_cleanly(vllm):
 
 async def test_remote_url_mode(vllm):
     """An adapter given `url=` of a running server discovers the model name and works (no launch)."""
-    from workbench.engines.vllm_engine import VLLMEngine
+    from workbench.engines.remote.vllm import VLLMEngine
 
     remote = VLLMEngine(small_checkpoint(), url=vllm.url)
     try:
@@ -167,7 +167,7 @@ async def test_remote_url_mode(vllm):
 
 
 def test_capabilities_say_emulated_and_why():
-    from workbench.engines.vllm_engine import VLLMEngine
+    from workbench.engines.remote.vllm import VLLMEngine
 
     caps = VLLMEngine.static_capabilities()
     assert caps.features["beam_search_all_beams"].status == Support.NATIVE

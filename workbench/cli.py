@@ -16,6 +16,7 @@ import os
 import sys
 from pathlib import Path
 
+from workbench import names
 from workbench.errors import UsageError
 
 
@@ -70,7 +71,7 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_serve(args) -> int:
-    from workbench.engines import torch_options
+    from workbench.engines.torch import options as torch_options
     from workbench.engines.serving.serve import serve
 
     serve(
@@ -134,11 +135,11 @@ def _cmd_engines(args) -> int:
         print(registry.capability_table_markdown())
         return 0
     if args.action == "launch":
-        from workbench.engines.launcher import launch_cli
+        from workbench.engines.remote.launcher import launch_cli
 
         return launch_cli(args.name, args.checkpoint, dtype=args.dtype)
     if args.action == "validate":
-        from workbench.engines.launcher import validate_cli
+        from workbench.engines.parity import validate_cli
 
         return validate_cli(args.name, args.checkpoint, dtype=args.dtype)
     raise AssertionError(args.action)
@@ -177,9 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--engine", default="torch", choices=["torch", "hf"])
     s.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     s.add_argument("--port", type=int, default=8100, help="TCP port, 1-65535 (checked before the model loads)")
-    s.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16"],
+    s.add_argument("--dtype", default="float32", choices=names.DTYPES,
                    help="auto: bfloat16 where the CPU has AMX or AVX512-BF16, else float32")
-    from workbench.engines import torch_options
+    from workbench.engines.torch import options as torch_options
 
     torch_options.add_flags(s)
     s.set_defaults(func=_cmd_serve)
@@ -217,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("action", choices=["list", "launch", "validate"])
     s.add_argument("name", nargs="?", default=None)
     s.add_argument("--checkpoint", default=None)
-    s.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16"],
+    s.add_argument("--dtype", default="float32", choices=names.DTYPES,
                    help="auto: bfloat16 where the CPU has AMX or AVX512-BF16, else float32")
     s.set_defaults(func=_cmd_engines)
     return p

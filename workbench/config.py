@@ -182,7 +182,7 @@ class EngineEntry(Section):
     url: str | None = None  # an already running server (remote deployment); None: launch/in-process
     # auto: bfloat16 where the CPU has AMX or AVX512-BF16, float32 elsewhere (hardware.resolve_dtype);
     # resolved once per sweep and logged, resolved, with the run (the CPU model and flags are logged too)
-    dtype: Literal["auto", "float32", "bfloat16"] = "float32"
+    dtype: Literal[names.DTYPES] = "float32"
     options: dict[str, Any] = Field(default_factory=dict)  # engine-specific knobs
     label: str | None = None  # name in tables/figures (default: the engine name); tells two entries apart
     transport: Literal["auto", "inprocess", "http"] = "auto"  # auto: torch/hf in-process, others over HTTP

@@ -19,7 +19,9 @@ RAW_ITEM = "raw_item_id"
 
 # ---- methods and engines --------------------------------------------------------------------
 METHODS = ("none", "none_long", "text_history", "user_sid", "soft_token")
-ENGINES = ("torch", "hf", "vllm", "sglang", "trtllm")
+ENGINES = ("torch", "hf", "vllm", "sglang", "trtllm")  # the registry holds one spec per name, in this order
+# the dtypes an engine is asked for (--dtype, an engine entry's dtype); "auto": hardware.resolve_dtype picks
+DTYPES = ("auto", "float32", "bfloat16")
 DATASETS = ("ml-100k", "ml-1m")
 # study stages in pipeline order; load-sweep runs carry the last two as their stage tag
 STAGES = ("data", "embeddings", "semantic_ids", "train", "evaluate")

@@ -1,7 +1,7 @@
 """The engine contract: typed requests and results, capabilities, and the async Engine protocol.
 
 Every engine (the workbench's own `torch` engine, the `hf` baseline, vLLM, SGLang, TensorRT-LLM)
-speaks token ids only; tokenization and prompt building happen before (personalization.py).
+speaks token ids only; tokenization and prompt building happen before (study/prompts.py).
 Results record failures (`success=False`, `error=...`) instead of raising, so one bad request never
 aborts a batch or a load sweep (the shape of vLLM's `RequestFuncOutput`).
 

@@ -15,6 +15,7 @@ differ only where log-probs are within `tol` of each other.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -206,6 +207,20 @@ async def run_parity(name: str, checkpoint, dtype: str = "float32", url: str | N
     caps = engine.capabilities()
     out["capabilities"] = {f: {"status": s.status.value, "reason": s.reason} for f, s in caps.features.items()}
     return out
+
+
+def validate_cli(name: str | None, checkpoint: str | None, dtype: str = "float32") -> int:
+    """Launch `name` in `dtype`, check it against the torch engine on `checkpoint` (tolerance derived for
+    `dtype`), print one JSON line; 0 if all pass."""
+    import asyncio
+    import json
+
+    if not name or not checkpoint:
+        print("usage: workbench engines validate NAME --checkpoint DIR", file=sys.stderr)
+        return 2
+    report = asyncio.run(run_parity(name, checkpoint, dtype=dtype))
+    print(json.dumps(report, sort_keys=True))
+    return 0 if report.get("ok") else 1
 
 
 async def time_requests(engine, make_requests, kind: str = "beam", repeats: int = 3) -> dict[str, float]:

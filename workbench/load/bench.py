@@ -5,7 +5,7 @@ checkpoint, engine, mode, dtype and workload (names.TAG_*) so that comparisons o
 like with like. Each child:
 
 1. opens its engine: in-process through `engines.registry.create_engine`, or over HTTP (an external
-   engine started by `engines.launcher`, the workbench's own engines behind `workbench serve`, or an
+   engine started by `engines.remote.launcher`, the workbench's own engines behind `workbench serve`, or an
    already running server at `url`);
 2. sends warm-up requests (excluded), then `unloaded_requests` one at a time (the unloaded p50);
 3. runs the rate points (a fixed grid or the adaptive geometric grid of `loadgen.py`), logging each
@@ -134,7 +134,7 @@ def _transport(entry: EngineEntry) -> str:
 
 def _http_client(name: str, url: str, options: dict):
     """The client of a `workbench serve` server (torch or hf engine behind HTTP)."""
-    from workbench.engines.http_engine import HTTPEngine
+    from workbench.engines.remote.http_engine import HTTPEngine
 
     return HTTPEngine(base_url=url, name=f"{name}-http", **options)
 
@@ -163,7 +163,7 @@ def open_engine(entry: EngineEntry, checkpoint: Path, log_dir: Path | None = Non
         yield create_engine(entry.name, checkpoint=checkpoint, dtype=entry.dtype, **options)
         return
     if entry.name not in INPROCESS_ENGINES:
-        # external engines: the adapter talks HTTP to `url`, or launches its own server (engines/launcher.py)
+        # external engines: the adapter talks HTTP to `url`, or launches its own server (engines/remote/launcher.py)
         # and stops it on close()
         if entry.threads and entry.name == "vllm" and not entry.url:
             bind = "0" if entry.threads == 1 else f"0-{entry.threads - 1}"
@@ -173,10 +173,10 @@ def open_engine(entry: EngineEntry, checkpoint: Path, log_dir: Path | None = Non
     if entry.url:
         yield _http_client(entry.name, entry.url, options)
         return
-    from workbench.engines import launcher
+    from workbench.engines.remote import launcher
 
     # the torch engine's variants are server options (its command line); the rest configure the HTTP client
-    from workbench.engines.torch_options import VARIANT_OPTIONS
+    from workbench.engines.torch.options import VARIANT_OPTIONS
 
     variant = {k: options.pop(k) for k in VARIANT_OPTIONS if k in options}
     spec = launcher.workbench_serve_spec(checkpoint, entry.name, entry.dtype, threads=entry.threads, **variant)

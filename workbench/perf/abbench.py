@@ -22,12 +22,13 @@ import sys
 import time
 from pathlib import Path
 
-from workbench.engines.torch_onednn import GEMM_MODES
-from workbench.engines.torch_options import QUANTIZE_MODES
+from workbench import names
+from workbench.engines.torch.onednn import GEMM_MODES
+from workbench.engines.torch.options import QUANTIZE_MODES
 from workbench.engines.workloads import SyntheticWorkload, WorkloadShape
 from workbench.errors import UsageError
 
-OPTIONS = {"dtype": ("float32", "bfloat16", "auto"), "gemm": GEMM_MODES, "compile": ("true", "false"),
+OPTIONS = {"dtype": names.DTYPES, "gemm": GEMM_MODES, "compile": ("true", "false"),
            "quantize": QUANTIZE_MODES}
 
 

@@ -65,7 +65,8 @@ def kernel_times(lm, prompt_len: int, beam: int, new_tokens: int, repeats: int =
     import torch
     import torch.nn.functional as F
 
-    from workbench.engines.torch_model import BLOCKED_MIN_LEN, MIN_ROWS, causal_attention, matmul
+    from workbench.engines.torch.layers import MIN_ROWS, matmul
+    from workbench.engines.torch.model import BLOCKED_MIN_LEN, causal_attention
 
     lw = lm.layers[0]  # every layer has the same shapes
     L = len(lm.layers)
@@ -90,7 +91,7 @@ def kernel_times(lm, prompt_len: int, beam: int, new_tokens: int, repeats: int =
         return best(run) * L
 
     q, k, v = randn(1, H, prompt_len, D), randn(1, Hkv, prompt_len, D), randn(1, Hkv, prompt_len, D)
-    if lm.device.type == "cpu" and prompt_len >= BLOCKED_MIN_LEN:  # the engine's choice (torch_model._attend_prefill)
+    if lm.device.type == "cpu" and prompt_len >= BLOCKED_MIN_LEN:  # the engine's choice (torch/model._attend_prefill)
         attn = best(lambda: causal_attention(q[0], k[0], v[0], lm.scale)) * L
     else:
         attn = best(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=lm.scale, enable_gqa=g > 1)) * L

@@ -46,8 +46,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Callable
 
-from workbench import tracking
-from workbench.engines import torch_options
+from workbench import names, tracking
+from workbench.engines.torch import options as torch_options
 from workbench.errors import UsageError
 from workbench.perf import record
 from workbench.hardware import matmul_gflops
@@ -60,10 +60,10 @@ SAMPLE_S = 0.1  # one rate sample around each floor request (floorbench's module
 def _floor_rate(dtype: str, device: str) -> tuple[float, str, Callable[[], float]]:
     """The square-GEMM rate a compute floor divides by, its library and a ~0.1 s sampler of that same GEMM (taken
     around each floor request): the faster of PyTorch's default GEMM and, on CPU, oneDNN with a packed weight
-    (float32: 2.2x faster on an AMD EPYC Zen 5; the torch engine uses what is faster: torch_onednn.py)."""
+    (float32: 2.2x faster on an AMD EPYC Zen 5; the torch engine uses what is faster: torch/onednn.py)."""
     import torch
 
-    from workbench.engines import torch_onednn
+    from workbench.engines.torch import onednn as torch_onednn
 
     dt = getattr(torch, dtype)
     measure = {"torch.matmul": lambda seconds: matmul_gflops(dt, device, seconds=seconds)}
@@ -81,7 +81,7 @@ def parse_args(argv):
                    help="random Qwen3 size, named by its non-embedding parameters (workbench/model/random_checkpoint.py)")
     p.add_argument("--checkpoint", default=None, help="use this checkpoint instead of a random one")
     p.add_argument("--quick", action="store_true", help="fewer hf requests/candidates and repeats (about a minute)")
-    p.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16", "both"],
+    p.add_argument("--dtype", default="float32", choices=[*names.DTYPES, "both"],
                    help="auto: bfloat16 where the CPU has AMX or AVX512-BF16, else float32; both (with --floor): "
                         "float32 then bfloat16 in one run, side by side")
     p.add_argument("--device", default="cpu")

@@ -5,8 +5,8 @@ that makes every item's SID unique: item 17 -> (12, 201, 7, 0) -> `<a_12><b_201>
 Users get their own SIDs from a separately fitted quantizer, written with their own token block
 (`<ua_3><ub_40>`), so an item code and a user code never share a token.
 
-This module defines the token layout exactly once. The tokenizer extension (model.py), the prompt
-builders (personalization.py) and every engine derive token ids from `SidLayout`, never by hand:
+This module defines the token layout exactly once. The tokenizer extension (model/backbone.py), the prompt
+builders (study/prompts.py) and every engine derive token ids from `SidLayout`, never by hand:
 
     ids = [base_vocab_size ...)  item level 0 | item level 1 | ... | dedup | user level 0 | ...
           then the special tokens (`SPECIAL_TOKENS`, in that order)

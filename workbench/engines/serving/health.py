@@ -89,7 +89,7 @@ async def health(request: Request):
     app = request.app
     from workbench import malloc
 
-    # the torch engine's GEMM library, chosen per machine at load (torch_onednn.py)
+    # the torch engine's GEMM library, chosen per machine at load (torch/onednn.py)
     gemm = getattr(getattr(app.state.engine, "lm", None), "gemm", None)
     return {"status": "ok", "engine": app.state.engine.name, "model": app.state.model_name,
             "ready": app.state.readiness.ready, **({"gemm": gemm} if gemm else {}),

@@ -1,9 +1,9 @@
 """`compile=True`: the torch engine's per-layer elementwise work as fused torch.compile kernels.
 
-What is compiled: the three pure functions of `torch_model.LayerOps` (q/k RMSNorm + RoPE on the qkv
+What is compiled: the three pure functions of `layers.LayerOps` (q/k RMSNorm + RoPE on the qkv
 GEMM's output, residual add + the next RMSNorm, silu(gate) * up), each with the inductor backend
 (C++ kernels on CPU, built with the system compiler). Each call then runs one fused loop instead of
-~2-12 eager kernels with their float32 round trips. The GEMMs (`torch_model.linear`, with its batch
+~2-12 eager kernels with their float32 round trips. The GEMMs (`layers.linear`, with its batch
 invariance padding) and the attention stay eager: BLAS / SDPA already run them as single kernels.
 
 Shapes: only the row count varies between forwards (prompt tokens + beams + candidates); the
@@ -40,7 +40,8 @@ import warnings
 import torch
 from torch import Tensor
 
-from workbench.engines.torch_model import EAGER_OPS, ROW_ARGS, FastLM, LayerOps, PrefillSegment
+from workbench.engines.torch.layers import EAGER_OPS, ROW_ARGS, LayerOps
+from workbench.engines.torch.segments import KVLayout, PrefillSegment, pad_prompt_kv, score_segment
 
 # Every model shape and dtype a process compiles adds graphs to the same functions' caches (2 each: rows >= 2
 # and 1 row). torch's default limit (8) would silently fall back to eager after a few engines in one process
@@ -48,9 +49,9 @@ from workbench.engines.torch_model import EAGER_OPS, ROW_ARGS, FastLM, LayerOps,
 RECOMPILE_LIMIT = 64
 
 
-def compile_ops(lm: FastLM) -> LayerOps:
-    """The compiled LayerOps, warmed up on `lm` (its forward compiles them); EAGER_OPS and a one-line
-    warning when compiling fails here."""
+def compile_ops(lm) -> LayerOps:
+    """The compiled LayerOps, warmed up on `lm` (the model.FastLM being built, which calls this at load: its
+    forward compiles them); EAGER_OPS and a one-line warning when compiling fails here."""
     t0 = time.perf_counter()
     try:
         import torch._dynamo
@@ -71,11 +72,9 @@ def compile_ops(lm: FastLM) -> LayerOps:
     return ops
 
 
-def _warm_up(lm: FastLM, ops: LayerOps) -> None:
+def _warm_up(lm, ops: LayerOps) -> None:
     """Compile `ops` through `lm`'s real forward: a prefill of two prompts (rows >= 2, marked dynamic),
     then a shared-prompt forward of one row (the 1-row kernels)."""
-    from workbench.engines.torch_search import KVLayout, pad_prompt_kv, score_segment
-
     lm.ops = LayerOps(*(_rows_dynamic(f, rows) for f, rows in zip(ops, ROW_ARGS)))
     x = torch.randn(5, lm.hidden, dtype=lm.dtype, device=lm.device)
     seg = PrefillSegment([2, 3])
@@ -88,7 +87,7 @@ def _warm_up(lm: FastLM, ops: LayerOps) -> None:
 
 
 def _rows_dynamic(fn, rows: tuple[int, ...]):
-    """`fn` with dim 0 of its row arguments (positions `rows`, torch_model.ROW_ARGS; not the weights, whose
+    """`fn` with dim 0 of its row arguments (positions `rows`, layers.ROW_ARGS; not the weights, whose
     first dim is heads or hidden) marked dynamic before the call: only during the warm-up, the compiled graphs
     then accept any rows."""
 

@@ -22,7 +22,7 @@ is the first real run. Sources read:
   go in the `--extra_llm_api_options` YAML that `launcher.trtllm_spec` writes).
 - `examples/llm-api/out_of_tree_example/` (`--custom_module_dirs`, `@register_auto_model`) and
   `tensorrt_llm/inputs/registry.py` (`register_input_processor`, `attach_multimodal_embeddings`,
-  `inputs["multi_modal_embeddings"]`) for the soft-token model in `trtllm_plugin/`.
+  `inputs["multi_modal_embeddings"]`) for the soft-token model in `engines/in_trtllm/soft_token_plugin/`.
 
 Feature map (static capabilities say "written, not run here" for all of it):
 - beam search (native): `/v1/completions` with `use_beam_search`, `n` = `best_of` = beam width,
@@ -35,7 +35,7 @@ Feature map (static capabilities say "written, not run here" for all of it):
   scoring layer is attached.
 - multi-item scoring, soft token, trie constraint: Python-API only in 1.3.0rc20 (`LLM.encode`,
   multimodal embedding inputs, per-request `SamplingParams(logits_processor=...)`), so they go
-  through the workbench's serving layer `trtllm_scoring_server.py` (`POST /v1/score` in SGLang's
+  through the workbench's serving layer `engines/in_trtllm/scoring_server.py` (`POST /v1/score` in SGLang's
   `/v1/score` shape plus `mode` and `user_vector`; `POST /v1/beam_search`), launched next to
   trtllm-serve (`scoring_layer=True`, the default) or given by `scoring_url`. Without it these
   features are refused with the reason. The user vector travels raw; the plugin projects it.
@@ -55,13 +55,13 @@ from workbench.engines.base import (
     ScoreRequest,
     Support,
 )
-from workbench.engines.http_common import HTTPEngineBase
+from workbench.engines.remote.http_common import HTTPEngineBase
 
 TRTLLM_VERSION = "1.3.0rc20"
 _NO_LAYER = ("trtllm-serve's HTTP API has no field for it (Python LLM API only); it goes through the workbench "
-             "scoring layer (trtllm_scoring_server.py), which this adapter was built without: pass scoring_url= or "
+             "scoring layer (in_trtllm/scoring_server.py), which this adapter was built without: pass scoring_url= or "
              "scoring_layer=True")
-_LAYER = "through the workbench scoring layer (trtllm_scoring_server.py) around the LLM API: "
+_LAYER = "through the workbench scoring layer (in_trtllm/scoring_server.py) around the LLM API: "
 _MULTI_ITEM = ("bfloat16/float16: one packed LLM.encode input per request (query <d> item_1 <d> ... with "
                "multi_item_part_lens, encode_only LLM on the FLASHINFER attention backend, PR #14693); float32 is not "
                "supported by that path (FlashInfer's fa2/fa3 kernels take fp16/bf16 only), so in float32 the layer "
@@ -125,7 +125,7 @@ class TRTLLMEngine(HTTPEngineBase):
         self.scoring_url = scoring_url.rstrip("/") if scoring_url else None
         self._scoring_clients: dict = {}
         if self._launch_or_connect(url, server_options, log_path) and scoring_layer and self.scoring_url is None:
-            from workbench.engines import launcher
+            from workbench.engines.remote import launcher
 
             spec = launcher.trtllm_scoring_spec(self.checkpoint, dtype, **(scoring_options or {}))
             self.scoring_url = self._start_server(spec).url

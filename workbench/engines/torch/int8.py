@@ -25,7 +25,7 @@ input rounded), not float32 rounding. On the benchmark's random 25m model (8 lay
 float32 is ~0.99 (bfloat16: 0.999): the speed costs ranking quality, which only a trained checkpoint's
 test users can price (workbench/perf/variant_quality.py). A row's activation scale is shared with its batch mates, so
 batch independence holds only up to int8 rounding (hence no `batch_invariant` with int8); float32
-activations only (the kernel refuses bfloat16), CPU only. torch_model.check_options says so up front.
+activations only (the kernel refuses bfloat16), CPU only. model.check_options says so up front.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import warnings
 import torch
 from torch import Tensor
 
+from workbench.engines.torch.layers import replace_layer_gemms
 from workbench.hardware import has_cpu_flag
 
 # 7-bit activations unless the CPU has AVX512-VNNI (see the module docstring)
@@ -71,7 +72,5 @@ class Int8Linear:
 
 
 def quantize_layers(layers: list) -> None:
-    """Replace every layer's GEMM weights (torch_model.LayerWeights) by Int8Linear, biases packed in."""
-    from workbench.engines.torch_model import replace_layer_gemms
-
+    """Replace every layer's GEMM weights (layers.LayerWeights) by Int8Linear, biases packed in."""
     replace_layer_gemms(layers, Int8Linear)

@@ -1,10 +1,10 @@
 """The torch engine's beam-search and scoring math, as pure functions over tensors.
 
-Kept apart from torch_engine.py so the search can be read (and checked) without the scheduler:
+Kept apart from engine.py so the search can be read (and checked) without the scheduler:
 nothing here holds a thread, a queue, a future or a request; each function takes tensors (and the
 catalog's prefix trie) and returns new ones. The engine's worker calls them once per forward and
-keeps the per-request state. Covered: the segments (padded KV, stream layout) a decode or score
-forward takes, the trie mask, beam selection, and reading beams and candidate scores off a forward.
+keeps the per-request state. Covered: the trie mask, beam selection, the kept beams' KV, and reading beams
+and candidate scores off a forward (the segments a decode or score forward takes are built in segments.py).
 
 Invariants the engine relies on:
 - beams are ranked by raw cumulative log-prob (no length penalty, no EOS), best first;
@@ -24,9 +24,6 @@ from typing import Any, Callable, Sequence
 
 from workbench.engines.base import Beam
 
-# Prompt KV of a decode/score batch is padded to a multiple of this many positions (see pad_prompt_kv).
-PROMPT_KV_BUCKET = 128
-
 
 @dataclass(frozen=True)
 class Selection:
@@ -35,116 +32,6 @@ class Selection:
     tokens: Any  # [B', s + 1] LongTensor: each kept beam's generated tokens
     cum: Any  # [B'] cumulative log-probs, best first
     parents: Any  # [B'] the row of the previous beams each kept beam extends
-
-
-@dataclass(frozen=True)
-class KVLayout:
-    """Shape, dtype and device of the model's KV cache: what padding a batch's KV needs to know."""
-
-    n_layers: int
-    n_kv: int  # KV heads (Hkv)
-    head_dim: int  # D
-    dtype: Any
-    device: Any
-
-    @classmethod
-    def of(cls, lm, device) -> "KVLayout":
-        return cls(len(lm.layers), lm.n_kv, lm.head_dim, lm.dtype, device)
-
-
-def pad_prompt_kv(prompt_kvs: Sequence[list], lens, kv: KVLayout) -> list:
-    """Per layer (k, v) [R, Hkv, Pmax, D]: request r's prompt KV `prompt_kvs[r][layer]` ([Hkv, P_r, D]
-    each) zero-padded; Pmax is max(`lens`) rounded up to a multiple of PROMPT_KV_BUCKET."""
-    import torch
-
-    # Pad to a fixed bucket, not to the batch's longest prompt: the softmax and p@V reductions then
-    # run over the same length alone or in any batch, so results do not depend on batch mates.
-    pmax = -(-int(lens.max()) // PROMPT_KV_BUCKET) * PROMPT_KV_BUCKET
-    out = []
-    for li in range(kv.n_layers):
-        kP = torch.zeros(len(prompt_kvs), kv.n_kv, pmax, kv.head_dim, dtype=kv.dtype, device=kv.device)
-        vP = torch.zeros_like(kP)
-        for r, layers in enumerate(prompt_kvs):
-            k, v = layers[li]
-            kP[r, :, : k.shape[1]] = k
-            vP[r, :, : v.shape[1]] = v
-        out.append((kP, vP))
-    return out
-
-
-def pad_own_kv(own_kvs: Sequence[list | None], past: Sequence[int], S: int, kv: KVLayout) -> list | None:
-    """Per layer (k, v) [R, S, Hkv, max(past), D]: request r's generated-token KV `own_kvs[r][layer]`
-    ([B_r, Hkv, past[r], D] each) zero-padded; None while no request has generated KV yet."""
-    import torch
-
-    tp = max(past)
-    if not tp:
-        return None
-    if all(p == tp and layers[0][0].shape[0] == S for p, layers in zip(past, own_kvs)):  # nothing to pad: stack
-        def stack(li: int, i: int):  # one request: a view, no copy
-            parts = [layers[li][i] for layers in own_kvs]
-            return parts[0][None] if len(parts) == 1 else torch.stack(parts)
-
-        return [(stack(li, 0), stack(li, 1)) for li in range(kv.n_layers)]
-    out = []
-    for li in range(kv.n_layers):
-        k = torch.zeros(len(own_kvs), S, kv.n_kv, tp, kv.head_dim, dtype=kv.dtype, device=kv.device)
-        v = torch.zeros_like(k)
-        for r, layers in enumerate(own_kvs):
-            if past[r]:
-                jk, jv = layers[li]
-                k[r, : jk.shape[0], :, : past[r]] = jk
-                v[r, : jv.shape[0], :, : past[r]] = jv
-        out.append((k, v))
-    return out
-
-
-def decode_segment(tokens: Sequence, own_kvs: Sequence[list | None], prompt_kv: list, prompt_len, kv: KVLayout):
-    """One decode step for R beam requests: the SharedSegment (one stream per live beam) and the
-    [rows] last tokens to embed. `tokens[r]` [B_r, s_r] are request r's beams so far, `own_kvs[r]` their
-    KV; `prompt_kv`, `prompt_len` as `pad_prompt_kv` builds them."""
-    import torch
-
-    from workbench.engines.torch_model import MIN_ROWS, SharedSegment
-
-    dev = kv.device
-    # at least MIN_ROWS streams: the attention matmuls then take the same BLAS path alone or batched
-    S = max(MIN_ROWS, max(int(t.shape[0]) for t in tokens))
-    past = [int(t.shape[1]) - 1 for t in tokens]
-    r_idx = torch.cat([torch.full((int(t.shape[0]),), r, dtype=torch.long) for r, t in enumerate(tokens)])
-    s_idx = torch.cat([torch.arange(int(t.shape[0])) for t in tokens])
-    seg = SharedSegment(
-        R=len(tokens), S=S, Lq=1, r_idx=r_idx.to(dev), s_idx=s_idx.to(dev), i_idx=torch.zeros_like(r_idx).to(dev),
-        prompt_kv=prompt_kv, prompt_len=prompt_len, past_kv=pad_own_kv(own_kvs, past, S, kv),
-        past_len=torch.as_tensor(past, device=dev),
-    )
-    return seg, torch.cat([t[:, -1] for t in tokens]).to(dev)
-
-
-def score_segment(candidate_lists: Sequence[Sequence[Sequence[int]]], prompt_kv: list, prompt_len, device):
-    """One pass over every candidate of R score requests: the SharedSegment (one stream per candidate,
-    attending to its prompt and itself) and the [rows] candidate tokens to embed."""
-    import torch
-
-    from workbench.engines.torch_model import MIN_ROWS, SharedSegment
-
-    S = max(MIN_ROWS, max(len(cands) for cands in candidate_lists))
-    lq = max(len(c) for cands in candidate_lists for c in cands)
-    r_idx, s_idx, i_idx, toks = [], [], [], []  # per row: request, candidate, position in it, token
-    for r, cands in enumerate(candidate_lists):
-        for s, c in enumerate(cands):
-            n = len(c)
-            r_idx += [r] * n
-            s_idx += [s] * n
-            i_idx += range(n)
-            toks += c
-    as_t = lambda z: torch.as_tensor(z, dtype=torch.long, device=device)  # noqa: E731
-    R = len(candidate_lists)
-    seg = SharedSegment(
-        R=R, S=S, Lq=lq, r_idx=as_t(r_idx), s_idx=as_t(s_idx), i_idx=as_t(i_idx), prompt_kv=prompt_kv,
-        prompt_len=prompt_len, past_kv=None, past_len=torch.zeros(R, dtype=torch.long, device=device),
-    )
-    return seg, as_t(toks)
 
 
 def banned_counts_by_depth(trie, banned_items: Sequence[int], depth: int) -> list:

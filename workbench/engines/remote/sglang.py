@@ -100,7 +100,7 @@ from workbench.engines.base import (
     ScoreRequest,
     Support,
 )
-from workbench.engines.http_common import HTTPEngineBase
+from workbench.engines.remote.http_common import HTTPEngineBase
 
 SGLANG_VERSION = "0.5.23"
 MIS_DELIMITER_TOKEN_ID = 9999  # sglang/srt/constants.py in 0.5.23: embedded, so vocab must exceed it

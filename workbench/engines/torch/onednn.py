@@ -30,6 +30,8 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
+from workbench.engines.torch.layers import replace_layer_gemms
+
 GEMM_MODES = ("auto", "default", "onednn")
 MIN_SPEEDUP = 1.15  # `auto` keeps oneDNN only above this measured speed-up (below it: run-to-run noise)
 PACK_ROWS = 256  # row count oneDNN packs the weight for; any row count works with it
@@ -133,9 +135,7 @@ def choose(mode: str, w: Tensor, device: torch.device, dtype: torch.dtype) -> tu
 
 
 def pack_layers(layers: list) -> None:
-    """Replace every layer's GEMM weights (torch_model.LayerWeights) by OneDNNLinear, biases packed in."""
-    from workbench.engines.torch_model import replace_layer_gemms
-
+    """Replace every layer's GEMM weights (layers.LayerWeights) by OneDNNLinear, biases packed in."""
     replace_layer_gemms(layers, OneDNNLinear)
 
 

@@ -1,8 +1,8 @@
 """The workbench's own engine: beam search, multi-item scoring and soft tokens on one fast path.
 
-How it works (see torch_model.py for the attention layouts, torch_search.py for the tensor math of
-a step: segments, trie mask, beam selection, scores; this module is the scheduler and the
-per-request state around them):
+How it works (see model.py for the forward and its attention, segments.py for the row layouts a step's
+requests take in it, search.py for the tensor math of a step: trie mask, beam selection, scores; this module is
+the scheduler and the per-request state around them):
 
 - A worker thread owns the model. Async callers enqueue jobs and await futures, so concurrent
   requests from many coroutines (or HTTP clients) meet in the same forwards.
@@ -52,21 +52,18 @@ from workbench.engines.base import (
     validate_score_request,
 )
 from workbench.engines.checks import validate_constraint, validate_projected
-from workbench.engines.torch_options import variant_name
-from workbench.engines.torch_search import (
-    KVLayout,
+from workbench.engines.torch.options import variant_name
+from workbench.engines.torch.search import (
     banned_counts_by_depth,
     beams_of,
     candidate_scores,
     constraint_mask,
-    decode_segment,
-    pad_prompt_kv,
     reorder_own_kv,
     row_offsets,
-    score_segment,
     select_beams,
     select_beams_stacked,
 )
+from workbench.engines.torch.segments import KVLayout, PrefillSegment, decode_segment, pad_prompt_kv, score_segment
 
 
 def _import_torch():
@@ -139,15 +136,15 @@ class TorchEngine:
         """`batch_invariant`: fixed-size GEMM row blocks so results are identical whatever shares a
         batch, also with several BLAS threads (opt-in: costs up to ~2x on small decode batches).
         `compile`: the per-layer elementwise work as fused torch.compile kernels, compiled and warmed up
-        here (torch_fused.py; eager with a warning where compiling fails).
-        `quantize="int8"`: dynamic int8 layer GEMMs, float32 only (torch_int8.py).
+        here (fused.py; eager with a warning where compiling fails).
+        `quantize="int8"`: dynamic int8 layer GEMMs, float32 only (int8.py).
         Both are off by default; either one names the engine apart (`variant_name`).
         `gemm`: the layer GEMMs' library: "auto" (packed oneDNN where it is faster than F.linear: float32 where it
-        measures clearly faster at load, bfloat16 wherever oneDNN has the kernel; torch_onednn.py; the choice is
+        measures clearly faster at load, bfloat16 wherever oneDNN has the kernel; onednn.py; the choice is
         `self.lm.gemm`, why `self.lm.gemm_why`), "default", "onednn"."""
         torch = _import_torch()
         from workbench.model.checkpoint import LoadedCheckpoint, load_checkpoint
-        from workbench.engines.torch_model import FastLM, check_options
+        from workbench.engines.torch.model import FastLM, check_options
 
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise RequestError(f"device {device!r} requested but torch sees no CUDA device; use device='cpu'")
@@ -225,7 +222,6 @@ class TorchEngine:
         Synchronous and outside the scheduler: for parity checks against an HF forward.
         """
         from workbench.engines.base import BeamSearchRequest
-        from workbench.engines.torch_model import PrefillSegment
 
         req = BeamSearchRequest(prompt, beam_width=1, max_new_tokens=1)
         validate_beam_request(req, self.limits)
@@ -372,7 +368,6 @@ class TorchEngine:
     # ---- one forward -------------------------------------------------------------------------
     def _iteration(self, pre: list[_Job], dec: list[_Job], sc: list[_Job]) -> None:
         torch = _import_torch()
-        from workbench.engines.torch_model import PrefillSegment
 
         lm = self.lm
         embeds = self._admit_prompts(pre)

@@ -16,9 +16,8 @@ production. This module owns that process:
 Executables are resolved per engine: an explicit env var (`WORKBENCH_VLLM_BIN`, `WORKBENCH_SGLANG_PYTHON`,
 `WORKBENCH_TRTLLM_BIN`), then the repo's `.venvs/<env>/bin`, then `PATH`.
 
-CLI: `workbench engines launch vllm --checkpoint DIR` (serves until Ctrl-C) and
-`workbench engines validate vllm --checkpoint DIR` (launch, run the parity checks against the torch
-engine, print one JSON line).
+CLI: `workbench engines launch vllm --checkpoint DIR` (serves until Ctrl-C); `workbench engines validate`
+(launch, run the parity checks against the torch engine) is parity.py's, which launches through here.
 """
 
 from __future__ import annotations
@@ -38,9 +37,13 @@ from pathlib import Path
 from typing import Iterator
 
 from workbench.engines.base import EngineUnavailable
+from workbench.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 VENVS_DIR = REPO_ROOT / ".venvs"
+# What runs inside TensorRT-LLM's environment, named here by folder and module path for its command lines only
+# (never imported by the workbench: engines/in_trtllm/)
+SOFT_TOKEN_PLUGIN_DIR = Path(__file__).resolve().parents[1] / "in_trtllm" / "soft_token_plugin"
+SCORING_SERVER_MODULE = "workbench.engines.in_trtllm.scoring_server"
 
 # Environments by engine; the first existing one wins (CPU build here, CUDA build on GPU hosts).
 ENGINE_ENVS: dict[str, tuple[str, ...]] = {
@@ -212,7 +215,7 @@ def vllm_spec(checkpoint, dtype: str = "float32", port: int | None = None, *, en
 def sglang_spec(checkpoint, dtype: str = "float32", port: int | None = None, *, enable_mis: bool = False,
                 delimiter_token_id: int | None = None, disable_radix_cache: bool | None = None,
                 extra_args: tuple[str, ...] = (), timeout_s: float = 600.0) -> ServerSpec:
-    """`python -m sglang.launch_server` (SGLang 0.5.23 server args; see sglang_engine.py for the citations).
+    """`python -m sglang.launch_server` (SGLang 0.5.23 server args; see sglang.py for the citations).
 
     Every flag is a field of `sglang/srt/arg_groups/fields/*.py` in the 0.5.23 wheel
     (tests/test_sglang_wheel_contract.py checks the command line against them).
@@ -223,7 +226,7 @@ def sglang_spec(checkpoint, dtype: str = "float32", port: int | None = None, *, 
       pins, generates its prefill/decode kernels only for float16/bfloat16 queries (`flashinfer/jit/utils.py`,
       `dtype_map` / `filename_safe_dtype_map` have no float32), so a float32 server with MIS would fail at
       its first forward. MIS with `dtype` float32 is therefore refused here (ValueError) rather than launched
-      to fail; the adapter's automatic choice (sglang_engine.py) turns MIS off in float32 and says so.
+      to fail; the adapter's automatic choice (sglang.py) turns MIS off in float32 and says so.
       The older `--multi-item-scoring-delimiter` flag is gone in 0.5.23: the delimiter is the fixed
       placeholder `MIS_DELIMITER_TOKEN_ID = 9999` (`sglang/srt/constants.py`), so `delimiter_token_id` is
       accepted only for backward compatibility and means `enable_mis=True`.
@@ -282,7 +285,7 @@ def trtllm_spec(checkpoint, dtype: str = "float32", port: int | None = None, *, 
     fields. The same file sets `kv_cache_config.free_gpu_memory_fraction` (`KvCacheConfig`): trtllm-serve
     alone would take 0.9 of the memory left after its weights, and the scoring layer's two models start
     after it on the same GPU. `WORKBENCH_TRTLLM_CHECKPOINT` tells the soft-token plugin which checkpoint
-    the serving view stands for (trtllm_plugin/checkpoint_files.py).
+    the serving view stands for (engines/in_trtllm/soft_token_plugin/checkpoint_files.py).
     """
     import json
 
@@ -297,7 +300,7 @@ def trtllm_spec(checkpoint, dtype: str = "float32", port: int | None = None, *, 
         "--extra_llm_api_options", str(options_file),
     ]
     if soft_token_plugin:
-        argv += ["--custom_module_dirs", str(Path(__file__).resolve().parent / "trtllm_plugin")]
+        argv += ["--custom_module_dirs", str(SOFT_TOKEN_PLUGIN_DIR)]
     argv += list(extra_args)
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "WORKBENCH_TRTLLM_CHECKPOINT": str(Path(checkpoint).resolve())}
@@ -318,10 +321,10 @@ def trtllm_python() -> Path | None:
 def trtllm_scoring_spec(checkpoint, dtype: str = "float32", port: int | None = None, *, max_beam_width: int = 32,
                         multi_item: str = "auto", mis_delimiter: int | None = None, kv_fraction: float = 0.3,
                         timeout_s: float = 900.0) -> ServerSpec:
-    """`python -m workbench.engines.trtllm_scoring_server` from the TensorRT-LLM environment (LLM-API layer).
+    """`python -m workbench.engines.in_trtllm.scoring_server` from the TensorRT-LLM environment (LLM-API layer).
 
     `multi_item`: auto (packed `LLM.encode` multi-item scoring in bfloat16/float16, batched in float32),
-    packed (refused at start-up in float32) or batched; see trtllm_scoring_server.py. `kv_fraction` is the
+    packed (refused at start-up in float32) or batched; see in_trtllm/scoring_server.py. `kv_fraction` is the
     generation LLM's share of the GPU memory still free once trtllm-serve (`trtllm_spec`) holds its own.
     """
     python = trtllm_python()
@@ -330,7 +333,7 @@ def trtllm_scoring_spec(checkpoint, dtype: str = "float32", port: int | None = N
                                 + HOW_TO_BUILD["trtllm"] + " (or set WORKBENCH_TRTLLM_PYTHON)")
     port = port or free_port()
     ck = str(Path(checkpoint).resolve())
-    argv = [str(python), "-m", "workbench.engines.trtllm_scoring_server", "--checkpoint", ck,
+    argv = [str(python), "-m", SCORING_SERVER_MODULE, "--checkpoint", ck,
             "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--max-beam-width", str(max_beam_width),
             "--kv-fraction", str(kv_fraction), "--multi-item", multi_item]
     if mis_delimiter is not None:
@@ -349,7 +352,7 @@ def workbench_serve_spec(checkpoint, engine: str = "torch", dtype: str = "float3
     """`workbench serve` on `checkpoint` (the in-process engines behind HTTP), healthy once `/ready`: after the
     server's own warm-up request (and, with `compile`, its compilation), so nothing measured overlaps it. The
     one place this command line is built; `compile` / `quantize` are the torch engine's variants
-    (engines/torch_options.py)."""
+    (engines/torch/options.py)."""
     port = free_port() if port is None else port
     argv = (sys.executable, "-m", "workbench.cli", "serve", "--checkpoint", str(checkpoint), "--engine", engine,
             "--port", str(port), "--dtype", dtype, *(["--compile"] if compile else []),
@@ -497,7 +500,7 @@ def launch(spec: ServerSpec, log_path: Path | str | None = None, quiet: bool = T
             _stop(proc)
 
 
-# ---- CLI entry points (workbench engines launch|validate) --------------------------------------------
+# ---- CLI entry point (workbench engines launch; `validate` is parity.validate_cli) -------------------
 
 
 def launch_cli(name: str | None, checkpoint: str | None, dtype: str = "float32") -> int:
@@ -514,19 +517,3 @@ def launch_cli(name: str | None, checkpoint: str | None, dtype: str = "float32")
         print(f"{name} server exited with code {server.process.returncode}; log tail:\n{server.log_tail()}",
               file=sys.stderr)
         return 1
-
-
-def validate_cli(name: str | None, checkpoint: str | None, dtype: str = "float32") -> int:
-    """Launch `name` in `dtype`, check it against the torch engine on `checkpoint` (tolerance derived for
-    `dtype`), print one JSON line; 0 if all pass."""
-    import asyncio
-    import json
-
-    from workbench.engines.parity import run_parity
-
-    if not name or not checkpoint:
-        print("usage: workbench engines validate NAME --checkpoint DIR", file=sys.stderr)
-        return 2
-    report = asyncio.run(run_parity(name, checkpoint, dtype=dtype))
-    print(json.dumps(report, sort_keys=True))
-    return 0 if report.get("ok") else 1

@@ -32,7 +32,7 @@ class HTTPEngine:
 
         self.name = name
         self.base_url = base_url.rstrip("/")
-        from workbench.engines.http_common import KEEPALIVE_EXPIRY_S
+        from workbench.engines.remote.http_common import KEEPALIVE_EXPIRY_S
 
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
                               keepalive_expiry=KEEPALIVE_EXPIRY_S)  # shorter than the server's: see there

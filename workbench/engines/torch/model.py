@@ -18,29 +18,31 @@ Numerics follow the HF modules (RMSNorm in float32, RoPE from the model's own ro
 
 Shapes: H query heads, Hkv KV heads, g = H // Hkv, D head dim; query head h uses KV head h // g.
 
+What a layer is made of (norms, GEMM wrappers, the elementwise ops, the weights) lives in layers.py and the
+segments in segments.py, both below this module, so the variants it applies at load take them from there.
+
 Two opt-in variants, both off by default (the default forward is the plain eager one):
 - `compile=True`: the elementwise work between a layer's GEMMs and its attention (`LayerOps`: q/k
   norm + RoPE, residual add + RMSNorm, silu * mul) runs as torch.compile (inductor) kernels,
-  built and warmed up at construction (torch_fused.py); the GEMMs and the attention stay as they are.
+  built and warmed up at construction (fused.py); the GEMMs and the attention stay as they are.
 - `quantize="int8"`: the layer GEMMs (qkv, o, gate_up, down) run PyTorch's dynamic int8 kernel
-  (torch_int8.py); embeddings, norms, attention and the lm_head stay in float32.
+  (int8.py); embeddings, norms, attention and the lm_head stay in float32.
 
 One choice made per machine (`gemm="auto"`, the default): the layer GEMMs run on oneDNN with their weights
 packed once, in float32 where it measures clearly faster than `F.linear` at load (2.2-2.6x on an AMD EPYC
 Zen 5), in bfloat16 wherever oneDNN has a bfloat16 kernel (the same results as `F.linear`; the layer GEMMs
-of a beam-30 decode step 1.45x faster there; torch_onednn.py).
+of a beam-30 decode step 1.45x faster there; onednn.py).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
-from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from workbench.engines.torch_options import QUANTIZE_MODES
+from workbench.engines.torch.layers import EAGER_OPS, LayerWeights, linear, rms_norm
+from workbench.engines.torch.options import QUANTIZE_MODES
+from workbench.engines.torch.segments import PrefillSegment, SharedSegment
 from workbench.errors import UsageError
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "llama")
@@ -52,74 +54,6 @@ class UnsupportedModel(ValueError):
 
 class UnsupportedOption(UsageError, ValueError):
     """An engine option (or combination) this forward cannot run, e.g. int8 with bfloat16."""
-
-
-def rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor:
-    dt = x.dtype
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return w * x32.to(dt)
-
-
-# Batch invariance: BLAS picks kernels, blocking and the thread split by the number of rows M
-# (1-2 rows even take a gemv path), so a row's rounding can depend on its batch mates. Tiny
-# batches are always padded to MIN_ROWS. With one thread that is enough (rows then match to
-# ~1e-6 alone vs batched); with several threads the split itself depends on M, so the engine's
-# `batch_invariant=True` runs every GEMM in fixed blocks of BLOCK_ROWS rows. That is opt-in: it
-# pads a 30-row decode step to 256 rows (measured 1.9x slower per request on a 25M model).
-MIN_ROWS = 4
-BLOCK_ROWS = 256
-
-
-def matmul(x: Tensor, w, b: Tensor | None = None) -> Tensor:
-    """x @ w.T + b: F.linear, or the weight's own kernel when it is a quantized one (a callable such
-    as torch_int8.Int8Linear, whose bias is packed with it)."""
-    return F.linear(x, w, b) if isinstance(w, Tensor) else w(x)
-
-
-def linear(x: Tensor, w, b: Tensor | None = None, blocked: bool = False) -> Tensor:
-    n = x.shape[0]
-    if blocked and n > MIN_ROWS:
-        pad = (-n) % BLOCK_ROWS
-        xp = F.pad(x, (0, 0, 0, pad)) if pad else x
-        return torch.cat([matmul(blk, w, b) for blk in xp.split(BLOCK_ROWS)])[:n]
-    if n >= MIN_ROWS:
-        return matmul(x, w, b)
-    return matmul(F.pad(x, (0, 0, 0, MIN_ROWS - n)), w, b)[:n]
-
-
-def swap_halves(x: Tensor) -> Tensor:
-    """[x1 | x2] -> [x2 | x1] on the last dim: HF's rotate_half, [-x2 | x1], with the sign left to `FastLM.rope`'s sin."""
-    h = x.shape[-1] // 2
-    return torch.cat((x[..., h:], x[..., :h]), dim=-1)
-
-
-# ---- the elementwise work of a layer: pure functions, so torch.compile can fuse each (torch_fused.py) ----
-def qk_norm_rope(qk: Tensor, qk_norm: Tensor | None, cos: Tensor, sin: Tensor, eps: float) -> Tensor:
-    """qk [N, H + Hkv, D] (the q and k heads of the qkv GEMM's output, one view) -> RoPE(q/k-norm(qk)).
-
-    q and k in one pass: `qk_norm` [H + Hkv, D] holds the q-norm weight for each query head and the k-norm
-    weight for each KV head (`LayerWeights.qk_norm`), so each op runs once per layer, not twice (half the ops of
-    a 30-row decode step's norm and RoPE), on the same values: the norm reduces over D per head either way.
-    `sin` is `FastLM.rope`'s, its first half negated, so HF's q * cos + rotate_half(q) * sin is q * cos +
-    swap_halves(q) * sin here: one op less (rotate_half's negation), the same results bit for bit
-    ((-a) * b == a * (-b) in IEEE arithmetic)."""
-    if qk_norm is not None:
-        qk = rms_norm(qk, qk_norm, eps)
-    return qk * cos + swap_halves(qk) * sin
-
-
-def add_norm(x: Tensor, y: Tensor, w: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    """The residual add and the next RMSNorm: (x + y, rms_norm(x + y))."""
-    x = x + y
-    return x, rms_norm(x, w, eps)
-
-
-def silu_mul(gu: Tensor) -> Tensor:
-    """[N, 2 I] gate|up rows -> silu(gate) * up [N, I]."""
-    inter = gu.shape[-1] // 2
-    return F.silu(gu[:, :inter]) * gu[:, inter:]
-
 
 # Query rows per block of the CPU causal attention: 32/64/128 measured at prompt 512, head dim 64, 1 thread
 # (AMD EPYC, AVX512-BF16): 64 best or within 15% of best in float32 and bfloat16; 256 slower (scores outgrow L2).
@@ -163,109 +97,6 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, block: int =
     return out
 
 
-class LayerOps(NamedTuple):
-    """The elementwise work between a layer's GEMMs and its attention: eager, or compiled (torch_fused.py)."""
-
-    qk_norm_rope: Callable[..., Tensor]
-    add_norm: Callable[..., tuple[Tensor, Tensor]]
-    silu_mul: Callable[[Tensor], Tensor]
-
-
-EAGER_OPS = LayerOps(qk_norm_rope, add_norm, silu_mul)
-# Which arguments of each op have one entry per token row (the dimension that varies between forwards; the
-# others are weights and eps): torch_fused marks exactly these dynamic.
-ROW_ARGS = LayerOps((0, 2, 3), (0, 1), (0,))
-
-
-@dataclass
-class LayerWeights:
-    ln1: Tensor
-    # the GEMM weights are Tensors, or torch_int8.Int8Linear (bias packed in, b* None) with quantize="int8"
-    wqkv: Tensor  # [(H + 2 Hkv) D, hidden]
-    bqkv: Tensor | None
-    qk_norm: Tensor | None  # [H + Hkv, D]: the q-norm weight per query head, then the k-norm weight per KV head
-    wo: Tensor
-    bo: Tensor | None
-    ln2: Tensor
-    w_gate_up: Tensor  # [2 I, hidden]
-    w_down: Tensor
-
-
-def replace_layer_gemms(layers: list[LayerWeights], make: Callable) -> None:
-    """Replace every layer's GEMM weights (qkv, o, gate_up, down) by `make(weight, bias)`, a callable computing
-    x @ weight.T + bias with its own kernel (int8, oneDNN); the biases go into it (b* become None)."""
-    for lw in layers:
-        lw.wqkv, lw.bqkv = make(lw.wqkv, lw.bqkv), None
-        lw.wo, lw.bo = make(lw.wo, lw.bo), None
-        lw.w_gate_up = make(lw.w_gate_up, None)
-        lw.w_down = make(lw.w_down, None)
-
-
-@dataclass
-class PrefillSegment:
-    """Whole prompts laid out consecutively (no padding) in the row batch."""
-
-    lengths: list[int]
-    # filled by the forward: per layer, per prompt (k, v), each [Hkv, L, D]
-    kv: list[list[tuple[Tensor, Tensor]]] = field(default_factory=list)
-
-    @property
-    def n_rows(self) -> int:
-        return sum(self.lengths)
-
-
-@dataclass
-class SharedSegment:
-    """R groups x S streams x Lq query tokens attending to a shared prompt KV plus their own KV.
-
-    Rows are the valid (r, s, i) slots in any order given by `r_idx`, `s_idx`, `i_idx`.
-    `prompt_kv[layer] = (k, v)` with k [R, Hkv, Pmax, D]; `prompt_len` [R].
-    `past_kv[layer] = (k, v)` with k [R, S, Hkv, Tpast, D] (may be None); `past_len` [R]: the own
-    tokens of every stream of group r already cached (0 for scoring).
-    """
-
-    R: int
-    S: int
-    Lq: int
-    r_idx: Tensor
-    s_idx: Tensor
-    i_idx: Tensor
-    prompt_kv: list[tuple[Tensor, Tensor]]
-    prompt_len: Tensor
-    past_kv: list[tuple[Tensor, Tensor]] | None
-    past_len: Tensor
-    # filled by the forward: per layer (k, v) [R, S, Hkv, Tpast + Lq, D] = past + the new tokens
-    own_kv: list[tuple[Tensor, Tensor]] = field(default_factory=list)
-    # set by `prepare`, once per forward (every layer reads them)
-    _mask: Tensor | bool | None = None  # the hidden keys, built by the first layer; False: none hidden
-    _grid: Tensor | None = None  # [rows] each row's slot in the [R, S, Lq] grid
-    _write_pos: Tensor | None = None  # [rows] where each row's K/V goes in its stream's own KV (rows not in order)
-    _in_order: bool = False  # every slot of the grid is a row, in grid order, and every stream's past is t_past long
-
-    @property
-    def n_rows(self) -> int:
-        return int(self.r_idx.numel())
-
-    def prepare(self) -> None:
-        """Before a forward: the per-row indices every layer uses, and whether the rows fill the grid in order with
-        one past length (a decode step of requests of one beam width, in step; a score pass over equal-length
-        candidates). Then the attention appends the new K/V and takes the rows as they are, where otherwise it
-        scatters rows into a zeroed grid and gathers them back: fewer ops per layer, the same values."""
-        self.own_kv, self._mask = [], None
-        self._grid = (self.r_idx * self.S + self.s_idx) * self.Lq + self.i_idx
-        n = self.R * self.S * self.Lq
-        self._in_order = (self.n_rows == n and bool((self.past_len == self.t_past).all())
-                          and bool((self._grid == torch.arange(n, device=self._grid.device)).all()))
-        self._write_pos = None if self._in_order else self.past_len[self.r_idx] + self.i_idx
-
-    @property
-    def t_past(self) -> int:
-        return 0 if self.past_kv is None else int(self.past_kv[0][0].shape[3])
-
-    def positions(self) -> Tensor:
-        return self.prompt_len[self.r_idx] + self.past_len[self.r_idx] + self.i_idx
-
-
 def check_options(dtype: torch.dtype, device, batch_invariant: bool, quantize: str | None) -> None:
     """UnsupportedOption, with what to do instead, for a `quantize` the forward cannot run."""
     if quantize is None:
@@ -291,9 +122,9 @@ class FastLM:
     def __init__(self, hf_model, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                  batch_invariant: bool = False, compile: bool = False, quantize: str | None = None,
                  gemm: str = "auto"):
-        """`compile`: fused elementwise kernels (torch_fused.py; eager with a warning where compiling fails);
-        `quantize="int8"`: dynamic int8 layer GEMMs (torch_int8.py); `gemm`: the layer GEMMs' library,
-        "auto" (packed oneDNN where it is faster, torch_onednn.py), "default" (F.linear) or "onednn".
+        """`compile`: fused elementwise kernels (fused.py; eager with a warning where compiling fails);
+        `quantize="int8"`: dynamic int8 layer GEMMs (int8.py); `gemm`: the layer GEMMs' library,
+        "auto" (packed oneDNN where it is faster, onednn.py), "default" (F.linear) or "onednn".
         See the module docstring."""
         cfg = hf_model.config
         self.batch_invariant = batch_invariant
@@ -353,24 +184,24 @@ class FastLM:
         self._n_params = (self.embed.numel() + self.norm.numel() + self.lm_head.numel()
                           + sum(p.numel() for p in m.layers.parameters()))
         if quantize == "int8":
-            from workbench.engines.torch_int8 import quantize_layers
+            from workbench.engines.torch.int8 import quantize_layers
 
             quantize_layers(self.layers)
         self.gemm, self.gemm_why = self._choose_gemm(gemm)
         if self.gemm == "onednn":
-            from workbench.engines.torch_onednn import pack_layers
+            from workbench.engines.torch.onednn import pack_layers
 
             pack_layers(self.layers)
         self.ops = EAGER_OPS
         if compile:
-            from workbench.engines.torch_fused import compile_ops
+            from workbench.engines.torch.fused import compile_ops
 
             self.ops = compile_ops(self)  # warmed up here; EAGER_OPS (and a warning) if compiling fails
         self.compiled = self.ops is not EAGER_OPS
 
     def _choose_gemm(self, mode: str) -> tuple[str, str]:
         """The layer GEMMs' library ("default" or "onednn") and why; the weights are still plain tensors here."""
-        from workbench.engines.torch_onednn import choose
+        from workbench.engines.torch.onednn import choose
 
         fixed = ("quantize='int8' has its own GEMM kernel" if self.quantize else
                  "batch_invariant=True pins F.linear's row blocks" if self.batch_invariant else None)

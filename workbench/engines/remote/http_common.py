@@ -156,7 +156,7 @@ class HTTPEngineBase:
 
     @classmethod
     def check_available(cls) -> tuple[bool, str]:
-        from workbench.engines import launcher
+        from workbench.engines.remote import launcher
 
         exe = launcher.find_executable(cls.server_key)
         if exe is None:
@@ -185,7 +185,7 @@ class HTTPEngineBase:
         """Launch this engine's server (`server_key`) unless `url` names a running one; True if launched."""
         if url is not None:
             return False
-        from workbench.engines import launcher
+        from workbench.engines.remote import launcher
 
         spec = launcher.server_spec(self.server_key, self.checkpoint, self.dtype, **(server_options or {}))
         self.server = self._start_server(spec, log_path)
@@ -195,7 +195,7 @@ class HTTPEngineBase:
 
     def _start_server(self, spec, log_path=None):
         """Start `spec` on this engine's exit stack (stopped by `close`); a failed start stops the others."""
-        from workbench.engines import launcher
+        from workbench.engines.remote import launcher
 
         try:
             return self._stack.enter_context(launcher.launch(spec, log_path=log_path))

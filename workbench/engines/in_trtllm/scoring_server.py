@@ -2,11 +2,11 @@
 
 Why it exists: `trtllm-serve` (TensorRT-LLM 1.3.0rc20) exposes only the OpenAI routes; multi-item
 scoring (`LLM.encode`), multimodal embedding inputs (the soft token, taken by the out-of-tree model in
-`trtllm_plugin/`) and per-request logits processors (the trie constraint) exist only in the Python
+`soft_token_plugin/`) and per-request logits processors (the trie constraint) exist only in the Python
 API. The reference study put a small HTTP layer around the LLM API for that; this is ours. It runs
 inside the TensorRT-LLM environment on a GPU host:
 
-    .venvs/trtllm/bin/python -m workbench.engines.trtllm_scoring_server --checkpoint DIR --port 8001
+    .venvs/trtllm/bin/python -m workbench.engines.in_trtllm.scoring_server --checkpoint DIR --port 8001
 
 (`launcher.trtllm_scoring_spec` builds that command line). It imports only numpy, fastapi/pydantic
 (both installed with tensorrt-llm, whose trtllm-serve is a FastAPI app) and `workbench.engines.base`
@@ -53,7 +53,7 @@ tests/trtllm_api_facts.json; never run on the CPU machines where this was writte
   one `encode` call as separate `query + item` inputs (the query is recomputed per item).
 - soft token: the generation `LLM` (the plugin module imported first, so its `@register_auto_model`
   classes replace Qwen3/Llama) gets `{"prompt_token_ids": ids, "multi_modal_embeddings":
-  {"user": [vector]}}` (embeddings as multimodal inputs, >= 1.3.0rc0; see trtllm_plugin/);
+  {"user": [vector]}}` (embeddings as multimodal inputs, >= 1.3.0rc0; see soft_token_plugin/);
   scoring reads `RequestOutput.context_logits` with `SamplingParams(max_tokens=1,
   return_context_logits=True)`.
 - beam search: `SamplingParams(use_beam_search=True, n=best_of=beam_width, max_tokens,
@@ -80,7 +80,7 @@ import numpy as np
 from workbench.engines.base import EngineUnavailable, RequestError
 
 TRTLLM_VERSION = "1.3.0rc20"
-USER_MODALITY = "user"  # same key as trtllm_plugin.modeling_soft_token.USER_MODALITY
+USER_MODALITY = "user"  # same key as soft_token_plugin.modeling_soft_token.USER_MODALITY
 
 
 def _log_softmax_rows(x: np.ndarray) -> np.ndarray:
@@ -460,19 +460,19 @@ def build_scorer(checkpoint, dtype: str = "auto", max_beam_width: int = 32, mult
         from tensorrt_llm.llmapi import KvCacheConfig
         from tensorrt_llm.sampling_params import LogitsProcessor
     except ImportError as e:
-        from workbench.engines.launcher import HOW_TO_BUILD
+        from workbench.engines.remote.launcher import HOW_TO_BUILD
 
         raise EngineUnavailable(
             f"the TensorRT-LLM scoring layer needs tensorrt_llm {TRTLLM_VERSION} ({e}); run it with the TensorRT-LLM "
             f"environment's python on a GPU host ({HOW_TO_BUILD['trtllm']})"
         ) from e
-    from workbench.engines.launcher import serving_dir
+    from workbench.engines.remote.launcher import serving_dir
 
     # the plugin finds workbench.json and projector.safetensors through the serving view's config.json
     # symlink; this names the checkpoint outright for a model directory that is a copy
     os.environ.setdefault("WORKBENCH_TRTLLM_CHECKPOINT", str(ck))
     # registers SoftTokenQwen3ForCausalLM / SoftTokenLlamaForCausalLM (out-of-tree models) before loading
-    import workbench.engines.trtllm_plugin  # noqa: F401
+    import workbench.engines.in_trtllm.soft_token_plugin  # noqa: F401
 
     enc_kw, gen_kw = llm_kwargs(str(serving_dir(ck)), dtype, max_beam_width=max_beam_width, multi_item=use_mis,
                                 kv_cache_config=KvCacheConfig(**kv_cache_kwargs(kv_fraction)))

@@ -57,7 +57,7 @@ from workbench.engines.base import (
     ScoreRequest,
     Support,
 )
-from workbench.engines.http_common import MAX_LOGPROB_TOKEN_IDS, HTTPEngineBase, token_id_of
+from workbench.engines.remote.http_common import MAX_LOGPROB_TOKEN_IDS, HTTPEngineBase, token_id_of
 
 
 class VLLMEngine(HTTPEngineBase):
