@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from workbench import names
+from workbench.study import methods
 from workbench.study.stages import (
     child_run,
     _say,
@@ -39,7 +40,6 @@ from workbench.study.stages import (
 )
 
 BASELINES = ("popularity", "als", "sasrec")
-ABLATED = ("soft_token", "user_sid")
 VARIANTS = ("shuffled", "zeroed")
 REFERENCES = ("none", "als", "sasrec")  # what every row is compared with
 TABLE_METRICS = (names.recall_at(10), names.ndcg_at(10), names.MRR)
@@ -68,7 +68,8 @@ def evaluate_stage(ctx) -> Any:
     users = test_users(cfg, inp)
     entries = _baselines(ctx, inp, users)
     for (method, seed), res in trained.items():
-        variants = ("own", *VARIANTS) if cfg.evaluation.signal_ablation and method in ABLATED else ("own",)
+        ablate = cfg.evaluation.signal_ablation and methods.get(method).reads_signal
+        variants = ("own", *VARIANTS) if ablate else ("own",)
         for variant in variants:
             name = method if variant == "own" else f"{method}/{variant}"
             tags = {**eval_tags(method, seed, res.checkpoint), names.TAG_SIGNAL: variant}

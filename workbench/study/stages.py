@@ -88,9 +88,10 @@ def _train_key(cfg, inp: StudyInputs, method: str, lr: float, seed: int) -> str:
 
 
 def build_prompt_builder(cfg, backbone, inp: StudyInputs, method: str):
+    from workbench.study import methods
     from workbench.study.prompts import PromptBuilder, tokenize_item_texts
 
-    text_ids = tokenize_item_texts(backbone.tokenizer, inp.item_texts) if method == "text_history" else None
+    text_ids = tokenize_item_texts(backbone.tokenizer, inp.item_texts) if methods.get(method).needs_text else None
     depth = backbone.layout.item_depth
     return PromptBuilder(
         method, backbone.layout, backbone.layout.item_codes_to_ids(inp.item_codes), cfg.methods.recent_k,
@@ -132,6 +133,7 @@ def train_one(cfg, inp: StudyInputs, method: str, seed: int, lr: float, log_fn=N
 
 
 def _train(cfg, inp: StudyInputs, method: str, seed: int, lr: float, folder: Path, log_fn):
+    from workbench.study import methods
     from workbench.study.prompts import eval_examples
     from workbench.study.train import TrainSettings, train_model
     from workbench.study.windows import WindowBuilder
@@ -149,7 +151,8 @@ def _train(cfg, inp: StudyInputs, method: str, seed: int, lr: float, folder: Pat
         return ws
 
     return train_model(bb, windows, valid_set, inp.item_codes, folder, st, sid_version=inp.sid_version,
-                       user_dim=inp.encoder.dim if method == "soft_token" else None, log_fn=log_fn)
+                       user_dim=inp.encoder.dim if methods.get(method).signal == methods.VECTOR else None,
+                       log_fn=log_fn)
 
 
 class _SafeRun:
@@ -422,6 +425,7 @@ def method_test_prompts(cfg, inp: StudyInputs, method: str, checkpoint: Path, us
     from transformers import AutoTokenizer
 
     from workbench.model.checkpoint import read_meta
+    from workbench.study import methods
     from workbench.study.prompts import PromptBuilder, eval_examples, tokenize_item_texts
 
     meta = read_meta(checkpoint)
@@ -429,7 +433,7 @@ def method_test_prompts(cfg, inp: StudyInputs, method: str, checkpoint: Path, us
     max_pos = json.loads((Path(checkpoint) / "config.json").read_text()).get("max_position_embeddings", 2048)
     builder = PromptBuilder(method, meta.layout, meta.layout.item_codes_to_ids(inp.item_codes), cfg.methods.recent_k,
                             cfg.methods.long_m,
-                            tokenize_item_texts(tok, inp.item_texts) if method == "text_history" else None,
+                            tokenize_item_texts(tok, inp.item_texts) if methods.get(method).needs_text else None,
                             max_prompt_tokens=max_pos - meta.layout.item_depth)  # fmt: skip
     return eval_examples(builder, inp.interactions, "test", inp.encoder, users=users)
 

@@ -12,13 +12,14 @@ token of every target, read only at the positions that predict them:
 The softmax is over the full vocabulary (not only the SID block): the engines score SIDs with
 full-vocabulary log-probs, so that is what the model is trained for.
 
-For `soft_token` the `<|user|>` row of the input embeddings is replaced by `projector(user_vector)`
-and the projector trains end to end with the backbone. AdamW with linear warm-up and cosine decay
-over all steps; bfloat16 autocast where the CPU has bf16 instructions unless a measured step is clearly
-slower (`bf16: auto`, `BF16_SLOWER_LIMIT`). After each epoch a validation sample is ranked by constrained
-beam search *through the torch engine* (the same path as the final evaluation); the epoch with the best validation
-NDCG@10 is kept, training stops after `patience` epochs without improvement. Logged per epoch:
-loss, validation NDCG@10 / Recall@10, training FLOPs so far (`flops.py`), tokens/s.
+For a method whose signal is the user vector (`soft_token`) the `<|user|>` row of the input embeddings is
+replaced by `projector(user_vector)` and the projector trains end to end with the backbone. AdamW with
+linear warm-up and cosine decay over all steps; bfloat16 autocast where the CPU has bf16 instructions
+unless a measured step is clearly slower (`bf16: auto`, `BF16_SLOWER_LIMIT`). After each epoch a
+validation sample is ranked by constrained beam search *through the torch engine* (the same path as the
+final evaluation); the epoch with the best validation NDCG@10 is kept, training stops after `patience`
+epochs without improvement. Logged per epoch: loss, validation NDCG@10 / Recall@10, training FLOPs so far
+(`flops.py`), tokens/s.
 
 After every epoch, and every `save_every_s` seconds of training inside one, the whole training state
 (weights, optimizer, schedule, both RNGs, the best epoch so far, counters; inside an epoch also the numpy
@@ -287,6 +288,7 @@ def train_model(backbone, windows: Callable[[np.random.Generator], object], vali
     from workbench.model.projector import SoftTokenProjector
     from workbench.progress import progress
     from workbench.sids.layout import Catalog
+    from workbench.study import methods
     from workbench.study.flops import train_flops
     from workbench.study.windows import target_batches
 
@@ -299,9 +301,9 @@ def train_model(backbone, windows: Callable[[np.random.Generator], object], vali
     ws = windows(rng)
     method = ws.method
     projector = None
-    if method == "soft_token":
+    if methods.get(method).signal == methods.VECTOR:  # the user vector is projected into the <|user|> slot
         if user_dim is None:
-            raise ValueError("soft_token training needs user_dim (the ALS vector size)")
+            raise ValueError(f"{method} training needs user_dim (the user vector size)")
         projector = SoftTokenProjector(user_dim, backbone.hidden_size, st.projector)
     if device != "cpu":  # a GPU rank under torchrun
         model.to(device)
@@ -321,7 +323,7 @@ def train_model(backbone, windows: Callable[[np.random.Generator], object], vali
     else:  # measured on rank 0 and taken by all: the ranks must compute alike
         use_bf16, bf16_info = dist.broadcast(choose_bf16(st.bf16, step_fn, ws, batches[0]) if main else None)
     peak = matmul_gflops("bfloat16" if use_bf16 else "float32", seconds=0.5) * 1e9
-    meta = make_meta(method, layout, sid_version, backbone.name, _template(method), user_dim,
+    meta = make_meta(method, layout, sid_version, backbone.name, methods.get(method).layout, user_dim,
                      {"lr": st.lr, "trainable": st.trainable, "pretrained": backbone.pretrained, "bf16": use_bf16})
     catalog = Catalog(item_codes, layout)
     params = [p for g in groups for p in g["params"]]
@@ -451,9 +453,3 @@ def _digest(ws, batches, params) -> str:
         h.update(np.asarray(b, dtype=np.int64).tobytes())
     h.update(repr([float(p.detach().double().sum()) for p in params]).encode())
     return h.hexdigest()
-
-
-def _template(method: str) -> str:
-    from workbench.study.prompts import TEMPLATES
-
-    return TEMPLATES[method]
