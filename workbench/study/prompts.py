@@ -111,22 +111,22 @@ class PromptSet:
         The prompts are built again by the method from each example's history and its new signal."""
         if variant == "own":
             return self
-        m = methods.get(self.method)
-        if variant not in SIGNAL_VARIANTS or not m.reads_signal:
+        spec = methods.get(self.method)
+        if variant not in SIGNAL_VARIANTS or not spec.reads_signal:
             raise PromptError(f"signal variant {variant!r} applies to the methods that read a user signal "
                               f"({', '.join(methods.reading_signal())}) with one of {SIGNAL_VARIANTS}")
         if self.builder is None or self.signals is None:
             raise PromptError("a signal variant needs the PromptSet that build_prompts made (its builder and signals)")
         n = len(self)
         perm = np.random.default_rng(seed).permutation(n)
-        if variant == "shuffled":
-            new = [self.signals[int(j)] for j in perm]
-        elif m.signal == methods.VECTOR:
-            new = list(np.zeros_like(np.asarray(self.signals)))
+        vectors = None
+        if spec.signal == methods.VECTOR:
+            vectors = self.user_vectors[perm] if variant == "shuffled" else np.zeros_like(self.user_vectors)
+            new = list(vectors)
         else:
-            new = [list(zero_user_sid if zero_user_sid is not None else self.builder.zero_user_sid())] * n
+            zero = list(zero_user_sid) if zero_user_sid is not None else self.builder.zero_user_sid()
+            new = [self.signals[int(j)] for j in perm] if variant == "shuffled" else [zero] * n
         rebuilt = [self.builder.build(self.seen[i], new[i]) for i in range(n)]
-        vectors = np.stack(new).astype(np.float32) if m.signal == methods.VECTOR else None
         return dataclasses.replace(self, prompts=[ids for ids, _ in rebuilt], placeholder_pos=[p for _, p in rebuilt],
                                    user_vectors=vectors, seen=list(self.seen), signals=new)
 
@@ -150,15 +150,15 @@ class PromptBuilder:
         item_text_ids: Sequence[Sequence[int]] | None = None,
         max_prompt_tokens: int = 1024,
     ):
-        m = methods.get(method)  # UnknownMethod (a PromptError) names the registered ones
-        if m.needs_text and item_text_ids is None:
+        spec = methods.get(method)  # UnknownMethod (a PromptError) names the registered ones
+        if spec.needs_text and item_text_ids is None:
             raise PromptError(f"{method} needs item_text_ids (each item's title/year/genres tokenized)")
-        if m.signal == methods.USER_SIDS and not layout.user_codebooks:
+        if spec.signal == methods.USER_SIDS and not layout.user_codebooks:
             raise PromptError(f"{method} needs a layout with user codebooks (fit the user quantizer)")
         if long_m < recent_k:
             raise PromptError(f"long_m ({long_m}) must be >= recent_k ({recent_k})")
         self.method = method
-        self.m = m
+        self.spec = spec  # the method's Method: its layout, context and signal
         self.layout = layout
         self.item_sid_ids = np.asarray(item_sid_ids, dtype=np.int64)  # [n_items, depth]
         self.recent_k = recent_k
@@ -173,12 +173,12 @@ class PromptBuilder:
 
     @property
     def template(self) -> str:
-        return self.m.layout
+        return self.spec.layout
 
     @property
     def context_items(self) -> int:
         """How many history items the method's prompt shows."""
-        return self.m.context_items(self.recent_k, self.long_m)
+        return self.spec.context_items(self.recent_k, self.long_m)
 
     def sids(self, items: Sequence[int]) -> list[int]:
         """The SID token ids of `items`, one after the other."""
@@ -199,7 +199,7 @@ class PromptBuilder:
     def build(self, history: Sequence[int], signal=None) -> tuple[list[int], int | None]:
         """(token ids, placeholder position or None) for a history (oldest first) and the method's signal
         (user-SID token ids or the user vector; None for a method without one)."""
-        ids, pos = self.m.prompt(self, list(history), signal)
+        ids, pos = self.spec.prompt(self, list(history), signal)
         if len(ids) > self.max_prompt_tokens:
             raise PromptError(
                 f"{self.method} prompt of {len(ids)} tokens exceeds max_prompt_tokens={self.max_prompt_tokens}; "
@@ -212,15 +212,15 @@ def user_signals(builder: PromptBuilder, encoder: UserEncoder | None, vectors: n
                  histories: Sequence[Sequence[int]] | None = None):
     """The user signal of each example for the builder's method: None (no signal), the vectors [n, dim], or
     the user-SID token ids [n, levels]. `vectors` as given, else folded in from each history's `signal_history`."""
-    m = builder.m
-    if not m.reads_signal:
+    spec = builder.spec
+    if not spec.reads_signal:
         return None
     if vectors is None:
         if encoder is None:
             raise PromptError(f"{builder.method} needs a UserEncoder (ALS fold-in) to compute user vectors")
         vectors = encoder.vectors([builder.signal_history(h) for h in histories])
     vectors = np.asarray(vectors, dtype=np.float32)
-    if m.signal == methods.VECTOR:
+    if spec.signal == methods.VECTOR:
         return vectors
     if encoder is None or encoder.codes is None:
         raise PromptError(f"{builder.method} needs the user quantizer (UserEncoder.codes)")
@@ -248,7 +248,7 @@ def build_prompts(
         targets=np.asarray(targets, dtype=np.int64),
         prompts=prompts,
         placeholder_pos=pos,
-        user_vectors=signals if builder.m.signal == methods.VECTOR else None,
+        user_vectors=signals if builder.spec.signal == methods.VECTOR else None,
         seen=[np.asarray(h, dtype=np.int64) for h in histories],
         signals=None if signals is None else list(signals),
         builder=builder,

@@ -119,7 +119,7 @@ class WindowBuilder:
     def __init__(self, prompts: PromptBuilder, max_tokens: int):
         self.p = prompts
         self.method = prompts.method
-        self.m = prompts.m
+        self.spec = prompts.spec
         self.ctx = prompts.context_items
         self.max_tokens = int(max_tokens)
         self.depth = prompts.item_sid_ids.shape[1]
@@ -128,15 +128,15 @@ class WindowBuilder:
     def window(self, user: int, seq: np.ndarray, start: int, end: int, signal=None) -> Window:
         """`signal`: the method's user signal as of `start` (user-SID token ids or the user vector), if any."""
         items = np.asarray(seq[start : end + 1], dtype=np.int64)
-        t = self.m.window(self.p, items, signal)
-        vec = np.asarray(signal, dtype=np.float32) if self.m.signal == methods.VECTOR else None
+        t = self.spec.window(self.p, items, signal)
+        vec = np.asarray(signal, dtype=np.float32) if self.spec.signal == methods.VECTOR else None
         return Window(user, start, items, t.ids, t.loss_pos, t.loss_tok, positions=t.positions, blocks=t.blocks,
                       placeholder_pos=t.placeholder_pos, user_vector=vec)
 
     def fits(self, seq: np.ndarray, start: int, end: int) -> bool:
         """Whether the window over seq[start .. end] fits `max_tokens` (always, for a method whose windows are
         bounded by its context alone)."""
-        n = self.m.longest_view(self.p, seq[start:end])
+        n = self.spec.longest_view(self.p, seq[start:end])
         return n is None or n <= self.max_tokens
 
     # ---- an epoch -----------------------------------------------------------------------------
@@ -155,7 +155,7 @@ class WindowBuilder:
         return out
 
     def _signals(self, user: int, seq: np.ndarray, spans, encoder: UserEncoder | None):
-        if not self.m.reads_signal:
+        if not self.spec.reads_signal:
             return [None] * len(spans)
         if encoder is None or encoder.train_vectors is None:
             raise PromptError(f"{self.method} windows need a UserEncoder with leak-free train_vectors (ALS folds)")
