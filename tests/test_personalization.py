@@ -153,6 +153,7 @@ def test_signal_variants_replace_only_the_signal(variant):
             assert [p[3:] for p in v.prompts] == [p[3:] for p in ps.prompts]  # only U (positions 1-2) changes
             us = [p[1:3] for p in v.prompts]
             assert all(u == zero for u in us) if variant == "zeroed" else sorted(us) == sorted(p[1:3] for p in ps.prompts)
+            assert ps.with_signal(variant, seed=3).prompts == v.prompts  # the layout's zero codes by default
     assert eval_examples(builder("none"), data, "test").with_signal("own") is not None
     with pytest.raises(PromptError):
         eval_examples(builder("none"), data, "test").with_signal("zeroed")

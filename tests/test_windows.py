@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from workbench.names import METHODS
 from workbench.sids.layout import SidLayout, add_dedup_digit
 from workbench.study.prompts import PromptBuilder, UserEncoder
 from workbench.study.windows import WindowBuilder, collate, context_items, target_batches, tile
 
 N_ITEMS = 40
-METHODS = ("none", "none_long", "text_history", "user_sid", "soft_token")
 
 
 def _codes():

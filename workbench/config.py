@@ -23,15 +23,40 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from workbench import names
 from workbench.errors import UsageError
 
 DatasetName = Literal[names.DATASETS]
-MethodName = Literal[names.METHODS]
+
+# Method names are checked against the method registry (workbench/study/methods), which sits above this module in
+# the layers: the registry hands its `names` over when it loads (`method_names_from`). Before that no method can
+# have been registered, so the built-ins are every name there is.
+_method_names: Callable[[], tuple[str, ...]] = lambda: names.METHODS  # noqa: E731
+
+
+def method_names_from(source: Callable[[], tuple[str, ...]]) -> None:
+    """Validate method names against `source()` (the registry's `names`) from now on."""
+    global _method_names
+    _method_names = source
+
+
+def method_names() -> tuple[str, ...]:
+    """The method names a config may use: the registered ones."""
+    return tuple(_method_names())
+
+
+def _known_method(name: str) -> str:
+    known = method_names()
+    if name not in known:
+        raise ValueError(f"unknown method {name!r}; choose one of {list(known)}")
+    return name
+
+
+MethodName = Annotated[str, AfterValidator(_known_method)]
 EngineName = Literal[names.ENGINES]
 StageName = Literal[names.STAGES]
 
@@ -139,7 +164,7 @@ class TrainingConfig(Section):
 
 
 class MethodsConfig(Section):
-    run: tuple[MethodName, ...] = names.METHODS
+    run: tuple[MethodName, ...] = names.METHODS  # default: the built-ins
     recent_k: int = Field(10, ge=1)  # items in the recent SID history (every method)
     long_m: int = Field(50, ge=1)  # items in the long history (none_long, text_history)
 
@@ -227,8 +252,9 @@ class LoadConfig(Section):
             raise ValueError(f"{what} needs load.study: the experiment YAML that trained the checkpoints "
                              "(e.g. experiments/quickstart.yaml)")
         for c in trained:
-            if c.split(":", 1)[1] not in names.METHODS:
-                raise ValueError(f"load.checkpoints: unknown method in {c!r}; use trained:<one of {list(names.METHODS)}>")
+            if c.split(":", 1)[1] not in method_names():
+                raise ValueError(f"load.checkpoints: unknown method in {c!r}; "
+                                 f"use trained:<one of {list(method_names())}>")
         return self
 
 

@@ -18,6 +18,8 @@ RAW_USER = "raw_user_id"
 RAW_ITEM = "raw_item_id"
 
 # ---- methods and engines --------------------------------------------------------------------
+# the built-in personalization methods in table order, each its own module workbench/study/methods/<name>.py;
+# configs are checked against the method registry, which holds these and any method registered on top
 METHODS = ("none", "none_long", "text_history", "user_sid", "soft_token")
 ENGINES = ("torch", "hf", "vllm", "sglang", "trtllm")  # the registry holds one spec per name, in this order
 # the dtypes an engine is asked for (--dtype, an engine entry's dtype); "auto": hardware.resolve_dtype picks

@@ -79,13 +79,14 @@ class SyntheticWorkload:
 
     @classmethod
     def from_checkpoint(cls, shape: WorkloadShape, checkpoint: str | Path, soft_token: bool | None = None):
-        """Read the layout/catalog of `checkpoint`; `soft_token=None` follows the checkpoint's method."""
+        """Read the layout/catalog of `checkpoint`; `soft_token=None` follows the checkpoint: soft-token prompts
+        where it carries a projector (a user vector size in its metadata)."""
         from workbench.model.checkpoint import CATALOG_FILE, read_meta
 
         meta = read_meta(checkpoint)
         cat = Path(checkpoint) / CATALOG_FILE
         item_ids = meta.layout.item_codes_to_ids(np.load(cat)["item_codes"]) if cat.exists() else None
-        use_soft = (meta.method == "soft_token") if soft_token is None else soft_token
+        use_soft = (meta.user_vector_dim is not None) if soft_token is None else soft_token
         if use_soft and meta.user_vector_dim is None:
             raise ValueError(f"{checkpoint} has no soft-token projector; set soft_token to false")
         return cls(shape, meta.layout, item_ids, meta.user_vector_dim if use_soft else None)

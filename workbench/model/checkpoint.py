@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 
 from workbench.errors import UsageError
-from workbench.names import METHODS
 from workbench.sids.layout import Catalog, SidLayout
 
 META_FILE = "workbench.json"
@@ -44,7 +43,7 @@ class CheckpointError(UsageError, ValueError):
 
 @dataclass
 class CheckpointMeta:
-    method: str  # none | none_long | text_history | user_sid | soft_token
+    method: str  # a registered method's name (study/methods/): none | none_long | text_history | user_sid | ...
     layout: SidLayout  # token ids of SIDs and special tokens
     sid_version: str  # hash of the semantic-id config/cache that produced the codes
     backbone: str  # tiny-qwen3 | smollm2-135m | hf:<path>
@@ -102,8 +101,8 @@ def save_checkpoint(path, model, tokenizer, meta: CheckpointMeta, item_codes: np
     """Write the HF directory, the projector, the catalog and `workbench.json`; returns the path."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    if meta.method not in METHODS:
-        raise CheckpointError(f"unknown method {meta.method!r}; use one of {METHODS}")
+    if not meta.method.isidentifier():  # the registry (above this layer) knows which names exist; this is its shape
+        raise CheckpointError(f"method {meta.method!r} is not a method name (a Python identifier, e.g. soft_token)")
     vocab = int(model.config.vocab_size)
     if vocab < meta.layout.vocab_size:
         raise CheckpointError(

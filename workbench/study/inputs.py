@@ -20,6 +20,7 @@ import numpy as np
 from workbench.cache import read_done
 from workbench.config import section_hash
 from workbench.paths import cache_dir
+from workbench.study import methods
 
 CACHE_FORMAT = 3  # 3: full-sequence windows (older caches are stale)
 
@@ -116,7 +117,7 @@ def method_test_prompts(cfg, inp: StudyInputs, method: str, checkpoint: Path, us
     max_pos = json.loads((Path(checkpoint) / "config.json").read_text()).get("max_position_embeddings", 2048)
     builder = PromptBuilder(method, meta.layout, meta.layout.item_codes_to_ids(inp.item_codes), cfg.methods.recent_k,
                             cfg.methods.long_m,
-                            tokenize_item_texts(tok, inp.item_texts) if method == "text_history" else None,
+                            tokenize_item_texts(tok, inp.item_texts) if methods.get(method).needs_text else None,
                             max_prompt_tokens=max_pos - meta.layout.item_depth)  # fmt: skip
     return eval_examples(builder, inp.interactions, "test", inp.encoder, users=users)
 

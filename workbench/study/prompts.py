@@ -1,9 +1,10 @@
 """Prompt builders for the personalization methods, and the examples they are trained and tested on.
 
 Every prompt is a list of token ids (the engines speak ids only), after which the model writes
-the target item's SID. With `S(i)` the SID tokens of item i, `T(i)` the tokenized text of item i
-("Toy Story (1995) — Animation, Comedy"), `h` the user's history (oldest first),
-`k = methods.recent_k`, `M = methods.long_m`:
+the target item's SID. Each method's own module (`study/methods/`) lays its prompt out; this module is
+generic: it computes the user signal the method asks for and hands it to the method. With `S(i)` the SID
+tokens of item i, `T(i)` the tokenized text of item i ("Toy Story (1995) — Animation, Comedy"), `h` the
+user's history (oldest first), `k = methods.recent_k`, `M = methods.long_m`, the built-ins are:
 
     none          <|hist|> S(h[-k]) ... S(h[-1])
     none_long     <|hist|> S(h[-M]) ... S(h[-1])
@@ -13,10 +14,11 @@ the target item's SID. With `S(i)` the SID tokens of item i, `T(i)` the tokenize
 
 These are the views the full-sequence training windows give their last target (`windows.py`): a
 SID history is a plain stream in which each SID follows the previous one, so a SID prompt needs no
-end marker. `U` are the user-SID tokens of the user's vector, and the `<|user|>` embedding is
-replaced by the projected user vector (Embedding-to-Prefix); both are folded in from the history
-*before* the k items the prompt shows (`signal_history`), as in training. When a text history
-would exceed `max_prompt_tokens`, whole items are dropped from its oldest end.
+end marker. A method's user signal is one of three kinds (`methods.SIGNALS`): none; user SIDs `U`, the
+user-SID tokens of the user's vector; or the vector itself, which replaces the `<|user|>` embedding
+(projected: Embedding-to-Prefix). Both are folded in from the history *before* the items the prompt shows
+(`signal_history`), as in training. When a text history would exceed `max_prompt_tokens`, whole items are
+dropped from its oldest end.
 
 Leakage rule: an example whose target is position t of a user's sequence sees only items before t,
 in the prompt and in the user vector (fold-in, item factors fixed). Validation sees the train
@@ -26,28 +28,17 @@ ones evaluation bans in the trie for every method and baseline.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from workbench.names import METHODS
 from workbench.sids.layout import SidLayout
+from workbench.study import methods
+from workbench.study.methods import PromptError
 
-NEEDS_VECTOR = ("user_sid", "soft_token")  # methods that fold the user in
 SIGNAL_VARIANTS = ("own", "shuffled", "zeroed")  # what evaluation feeds a method that reads a user signal
-
-TEMPLATES = {
-    "none": "<|hist|> S(h[-k:])",
-    "none_long": "<|hist|> S(h[-M:])",
-    "text_history": "<|text|> T(h[-M]) <|sep|> ... T(h[-1]) <|next|>",
-    "user_sid": "<|usid|> U(h[:-k]) <|hist|> S(h[-k:])",
-    "soft_token": "<|user|> <|hist|> S(h[-k:])  (vector folded in from h[:-k])",
-}
-
-
-class PromptError(ValueError):
-    """A prompt that cannot be built (missing text/user SIDs, over the model's length)."""
 
 
 @dataclass
@@ -89,8 +80,10 @@ class PromptSet:
     targets: np.ndarray  # [n] target item index
     prompts: list[list[int]]  # token ids, ending in <|next|>
     placeholder_pos: list[int | None]
-    user_vectors: np.ndarray | None  # [n, dim] (soft_token only)
+    user_vectors: np.ndarray | None  # [n, dim] (methods whose signal is the vector)
     seen: list[np.ndarray] = field(default_factory=list)  # items before the target (banned at evaluation)
+    signals: Sequence[Any] | None = None  # per example, the signal the prompt was built from (None: no signal)
+    builder: "PromptBuilder | None" = field(default=None, repr=False)  # what built the prompts (signal variants)
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -100,49 +93,52 @@ class PromptSet:
 
     def subset(self, idx: Sequence[int]) -> "PromptSet":
         idx = list(idx)
-        return PromptSet(
-            method=self.method,
+        return dataclasses.replace(
+            self,
             users=self.users[idx],
             targets=self.targets[idx],
             prompts=[self.prompts[i] for i in idx],
             placeholder_pos=[self.placeholder_pos[i] for i in idx],
             user_vectors=None if self.user_vectors is None else self.user_vectors[idx],
             seen=[self.seen[i] for i in idx] if self.seen else [],
+            signals=None if self.signals is None else [self.signals[i] for i in idx],
         )
 
     def with_signal(self, variant: str, seed: int = 0, zero_user_sid: Sequence[int] | None = None) -> "PromptSet":
-        """The same prompts with the user signal replaced, to measure what it carries: "own" (as is),
-        "shuffled" (another test user's signal, a fixed random permutation) or "zeroed" (a zero vector;
-        for user_sid the all-zero codes `zero_user_sid`, a valid but uninformative user SID)."""
+        """The same examples with the user signal replaced, to measure what it carries: "own" (as is),
+        "shuffled" (another test user's signal, a fixed random permutation) or "zeroed" (a zero vector; for
+        user SIDs the all-zero codes `zero_user_sid`, default the layout's: a valid but uninformative user SID).
+        The prompts are built again by the method from each example's history and its new signal."""
         if variant == "own":
             return self
-        if variant not in SIGNAL_VARIANTS or self.method not in NEEDS_VECTOR:
-            raise PromptError(f"signal variant {variant!r} applies to {NEEDS_VECTOR} with one of {SIGNAL_VARIANTS}")
+        spec = methods.get(self.method)
+        if variant not in SIGNAL_VARIANTS or not spec.reads_signal:
+            raise PromptError(f"signal variant {variant!r} applies to the methods that read a user signal "
+                              f"({', '.join(methods.reading_signal())}) with one of {SIGNAL_VARIANTS}")
+        if self.builder is None or self.signals is None:
+            raise PromptError("a signal variant needs the PromptSet that build_prompts made (its builder and signals)")
         n = len(self)
         perm = np.random.default_rng(seed).permutation(n)
-        out = PromptSet(self.method, self.users, self.targets, [list(p) for p in self.prompts],
-                        list(self.placeholder_pos), self.user_vectors, list(self.seen))
-        if self.method == "soft_token":
-            v = self.user_vectors
-            out.user_vectors = v[perm] if variant == "shuffled" else np.zeros_like(v)
-            return out
-        if zero_user_sid is None:
-            raise PromptError("a user_sid signal variant needs zero_user_sid (the layout's code-0 user tokens)")
-        span = slice(1, 1 + len(zero_user_sid))  # <|usid|> U ... : U follows the marker
-        for i in range(n):
-            out.prompts[i][span] = self.prompts[perm[i]][span] if variant == "shuffled" else list(zero_user_sid)
-        return out
+        vectors = None
+        if spec.signal == methods.VECTOR:
+            vectors = self.user_vectors[perm] if variant == "shuffled" else np.zeros_like(self.user_vectors)
+            new = list(vectors)
+        else:
+            zero = list(zero_user_sid) if zero_user_sid is not None else self.builder.zero_user_sid()
+            new = [self.signals[int(j)] for j in perm] if variant == "shuffled" else [zero] * n
+        rebuilt = [self.builder.build(self.seen[i], new[i]) for i in range(n)]
+        return dataclasses.replace(self, prompts=[ids for ids, _ in rebuilt], placeholder_pos=[p for _, p in rebuilt],
+                                   user_vectors=vectors, seen=list(self.seen), signals=new)
 
     def engine_prompt(self, i: int):
-        """The i-th prompt as an engine `Prompt` (with the user vector for soft_token)."""
-        from workbench.engines.base import Prompt
-
+        """The i-th prompt as an engine `Prompt`, as its method sends it (with the user vector where it reads one)."""
         vec = None if self.user_vectors is None else self.user_vectors[i]
-        return Prompt.of(self.prompts[i], user_vector=vec, placeholder_pos=self.placeholder_pos[i])
+        return methods.get(self.method).engine_prompt(self.prompts[i], self.placeholder_pos[i], vec)
 
 
 class PromptBuilder:
-    """Builds one method's prompt from a history (and user SID tokens where the method needs them)."""
+    """Builds one method's prompt from a history (and the user signal where the method reads one); the method
+    lays the tokens out (`methods.Method.prompt`), this holds the layout's ids it builds from (`methods.Vocab`)."""
 
     def __init__(
         self,
@@ -154,15 +150,15 @@ class PromptBuilder:
         item_text_ids: Sequence[Sequence[int]] | None = None,
         max_prompt_tokens: int = 1024,
     ):
-        if method not in METHODS:
-            raise PromptError(f"unknown method {method!r}; choose one of {METHODS}")
-        if method == "text_history" and item_text_ids is None:
-            raise PromptError("text_history needs item_text_ids (each item's title/year/genres tokenized)")
-        if method == "user_sid" and not layout.user_codebooks:
-            raise PromptError("user_sid needs a layout with user codebooks (fit the user quantizer)")
+        spec = methods.get(method)  # UnknownMethod (a PromptError) names the registered ones
+        if spec.needs_text and item_text_ids is None:
+            raise PromptError(f"{method} needs item_text_ids (each item's title/year/genres tokenized)")
+        if spec.signal == methods.USER_SIDS and not layout.user_codebooks:
+            raise PromptError(f"{method} needs a layout with user codebooks (fit the user quantizer)")
         if long_m < recent_k:
             raise PromptError(f"long_m ({long_m}) must be >= recent_k ({recent_k})")
         self.method = method
+        self.spec = spec  # the method's Method: its layout, context and signal
         self.layout = layout
         self.item_sid_ids = np.asarray(item_sid_ids, dtype=np.int64)  # [n_items, depth]
         self.recent_k = recent_k
@@ -177,59 +173,58 @@ class PromptBuilder:
 
     @property
     def template(self) -> str:
-        return TEMPLATES[self.method]
+        return self.spec.layout
 
-    def _sids(self, items: Sequence[int]) -> list[int]:
+    @property
+    def context_items(self) -> int:
+        """How many history items the method's prompt shows."""
+        return self.spec.context_items(self.recent_k, self.long_m)
+
+    def sids(self, items: Sequence[int]) -> list[int]:
+        """The SID token ids of `items`, one after the other."""
         if len(items) == 0:
             return []
         return self.item_sid_ids[np.asarray(items, dtype=np.int64)].reshape(-1).tolist()
 
-    def _text(self, items: Sequence[int], budget: int) -> list[int]:
-        """`<|text|> T(a) <|sep|> T(b) ...` within `budget` tokens, dropping the oldest items first."""
-        pieces: list[list[int]] = []
-        used = 1  # <|text|>
-        for it in reversed(list(items)):  # newest first, so truncation drops the oldest
-            piece = list(self.item_text_ids[int(it)])
-            extra = len(piece) + (1 if pieces else 0)
-            if used + extra > budget:
-                break
-            pieces.append(piece)
-            used += extra
-        out = [self.TEXT]
-        for j, piece in enumerate(reversed(pieces)):
-            if j:
-                out.append(self.SEP)
-            out += piece
-        return out
+    def zero_user_sid(self) -> list[int]:
+        """The user-SID tokens of the all-zero codes: a valid but uninformative user SID."""
+        zeros = np.zeros((1, len(self.layout.user_codebooks)), dtype=np.int64)
+        return self.layout.user_codes_to_ids(zeros)[0].tolist()
 
     def signal_history(self, history: Sequence[int]) -> list[int]:
-        """The items the user signal is folded in from: everything before the k items the prompt shows."""
+        """The items the user signal is folded in from: everything before the items the prompt shows."""
         history = list(history)
-        return history[: max(0, len(history) - self.recent_k)]
+        return history[: max(0, len(history) - self.context_items)]
 
-    def build(self, history: Sequence[int], user_sid_ids: Sequence[int] | None = None) -> tuple[list[int], int | None]:
-        """(token ids, placeholder position or None) for a history (oldest first)."""
-        history = list(history)
-        tail = [self.HIST, *self._sids(history[-self.recent_k :])] if self.recent_k else [self.HIST]
-        m = self.method
-        if m == "none":
-            ids, pos = tail, None
-        elif m == "none_long":
-            ids, pos = [self.HIST, *self._sids(history[-self.long_m :])], None
-        elif m == "text_history":
-            ids, pos = self._text(history[-self.long_m :], self.max_prompt_tokens - 1) + [self.NEXT], None
-        elif m == "user_sid":
-            if user_sid_ids is None:
-                raise PromptError("user_sid prompts need the user's SID tokens")
-            ids, pos = [self.USID, *[int(t) for t in user_sid_ids], *tail], None
-        else:  # soft_token
-            ids, pos = [self.USER, *tail], 0
+    def build(self, history: Sequence[int], signal=None) -> tuple[list[int], int | None]:
+        """(token ids, placeholder position or None) for a history (oldest first) and the method's signal
+        (user-SID token ids or the user vector; None for a method without one)."""
+        ids, pos = self.spec.prompt(self, list(history), signal)
         if len(ids) > self.max_prompt_tokens:
             raise PromptError(
-                f"{m} prompt of {len(ids)} tokens exceeds max_prompt_tokens={self.max_prompt_tokens}; "
+                f"{self.method} prompt of {len(ids)} tokens exceeds max_prompt_tokens={self.max_prompt_tokens}; "
                 "lower methods.long_m / recent_k or raise model.max_position_embeddings"
             )
         return ids, pos
+
+
+def user_signals(builder: PromptBuilder, encoder: UserEncoder | None, vectors: np.ndarray | None = None,
+                 histories: Sequence[Sequence[int]] | None = None):
+    """The user signal of each example for the builder's method: None (no signal), the vectors [n, dim], or
+    the user-SID token ids [n, levels]. `vectors` as given, else folded in from each history's `signal_history`."""
+    spec = builder.spec
+    if not spec.reads_signal:
+        return None
+    if vectors is None:
+        if encoder is None:
+            raise PromptError(f"{builder.method} needs a UserEncoder (ALS fold-in) to compute user vectors")
+        vectors = encoder.vectors([builder.signal_history(h) for h in histories])
+    vectors = np.asarray(vectors, dtype=np.float32)
+    if spec.signal == methods.VECTOR:
+        return vectors
+    if encoder is None or encoder.codes is None:
+        raise PromptError(f"{builder.method} needs the user quantizer (UserEncoder.codes)")
+    return builder.layout.user_codes_to_ids(np.asarray(encoder.codes(vectors)))
 
 
 def build_prompts(
@@ -241,30 +236,22 @@ def build_prompts(
 ) -> PromptSet:
     """Prompts for (user, history, target) triples; the user signal is folded in from the part of each
     history before the items its prompt shows (`PromptBuilder.signal_history`)."""
-    method = builder.method
-    vectors = None
-    usid = None
-    if method in NEEDS_VECTOR:
-        if encoder is None:
-            raise PromptError(f"{method} needs a UserEncoder (ALS fold-in) to compute user vectors")
-        vectors = np.asarray(encoder.vectors([builder.signal_history(h) for h in histories]), dtype=np.float32)
-        if method == "user_sid":
-            if encoder.codes is None:
-                raise PromptError("user_sid needs the user quantizer (UserEncoder.codes)")
-            usid = builder.layout.user_codes_to_ids(np.asarray(encoder.codes(vectors)))
+    signals = user_signals(builder, encoder, histories=histories)
     prompts, pos = [], []
     for i, h in enumerate(histories):
-        ids, p = builder.build(h, None if usid is None else usid[i])
+        ids, p = builder.build(h, None if signals is None else signals[i])
         prompts.append(ids)
         pos.append(p)
     return PromptSet(
-        method=method,
+        method=builder.method,
         users=np.asarray(users, dtype=np.int64),
         targets=np.asarray(targets, dtype=np.int64),
         prompts=prompts,
         placeholder_pos=pos,
-        user_vectors=vectors if method == "soft_token" else None,
+        user_vectors=signals if builder.spec.signal == methods.VECTOR else None,
         seen=[np.asarray(h, dtype=np.int64) for h in histories],
+        signals=None if signals is None else list(signals),
+        builder=builder,
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from workbench import names
+from workbench.study import methods
 
 N10, R10 = names.ndcg_at(10), names.recall_at(10)
 LABELS = {"popularity": "popularity (baseline)", "als": "ALS (baseline)", "sasrec": "SASRec (baseline)"}
@@ -121,7 +122,7 @@ def figures(table, trained) -> dict:
     fig.update_layout(title="Validation NDCG@10 against training compute", xaxis_title="training FLOPs",
                       xaxis_type="log", yaxis_title="valid NDCG@10")
     figs["valid_ndcg_vs_train_flops.html"] = fig
-    abl = table[table["method"].str.contains("/") | table["method"].isin(["soft_token", "user_sid"])]
+    abl = table[table["method"].str.contains("/") | table["method"].isin(methods.reading_signal())]
     if len(abl):
         fig = go.Figure()
         fig.add_bar(x=abl["method"], y=abl[N10], error_y=dict(type="data", symmetric=False,

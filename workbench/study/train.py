@@ -12,13 +12,14 @@ token of every target, read only at the positions that predict them:
 The softmax is over the full vocabulary (not only the SID block): the engines score SIDs with
 full-vocabulary log-probs, so that is what the model is trained for.
 
-For `soft_token` the `<|user|>` row of the input embeddings is replaced by `projector(user_vector)`
-and the projector trains end to end with the backbone. AdamW with linear warm-up and cosine decay
-over all steps; bfloat16 autocast where the CPU has bf16 instructions unless a measured step is clearly
-slower (`bf16: auto`, `BF16_SLOWER_LIMIT`). After each epoch a validation sample is ranked by constrained
-beam search *through the torch engine* (the same path as the final evaluation); the epoch with the best validation
-NDCG@10 is kept, training stops after `patience` epochs without improvement. Logged per epoch:
-loss, validation NDCG@10 / Recall@10, training FLOPs so far (`flops.py`), tokens/s.
+For a method whose signal is the user vector (`soft_token`) the `<|user|>` row of the input embeddings is
+replaced by `projector(user_vector)` and the projector trains end to end with the backbone. AdamW with
+linear warm-up and cosine decay over all steps; bfloat16 autocast where the CPU has bf16 instructions
+unless a measured step is clearly slower (`bf16: auto`, `BF16_SLOWER_LIMIT`). After each epoch a
+validation sample is ranked by constrained beam search *through the torch engine* (the same path as the
+final evaluation); the epoch with the best validation NDCG@10 is kept, training stops after `patience`
+epochs without improvement. Logged per epoch: loss, validation NDCG@10 / Recall@10, training FLOPs so far
+(`flops.py`), tokens/s.
 
 After every epoch, and every `save_every_s` seconds of training inside one, the whole training state
 (weights, optimizer, schedule, both RNGs, the best epoch so far, counters; inside an epoch also the numpy
@@ -277,169 +278,252 @@ def train_model(backbone, windows: Callable[[np.random.Generator], object], vali
                 out_dir: Path, st: TrainSettings, sid_version: str = "", user_dim: int | None = None,
                 log_fn: Callable[[dict, int], None] | None = None) -> TrainResult:
     """Train `backbone` on `windows(rng)` (a fresh WindowSet per epoch), validate each epoch, save the
-    best checkpoint to `out_dir/checkpoint`."""
-    import torch
+    best checkpoint to `out_dir/checkpoint`.
 
-    from workbench import dist
-    from workbench.hardware import matmul_gflops
-    from workbench.model.backbone import apply_trainable
-    from workbench.model.checkpoint import LoadedCheckpoint, save_checkpoint
-    from workbench.model.projector import SoftTokenProjector
-    from workbench.progress import progress
-    from workbench.sids.layout import Catalog
-    from workbench.study.flops import train_flops
-    from workbench.study.windows import target_batches
+    The steps, each a method of `_Training`: set up the model, optimizer and first windows; pick the dtype
+    and go on from the last save, if any (`start`); per epoch, train its batches (`train_epoch`, saving
+    inside it every `save_every_s`), then validate, keep the best and decide whether to stop
+    (`validate_epoch`, saving after it); finally write the best checkpoint (`finish`)."""
+    run = _Training(backbone, windows, valid_set, item_codes, Path(out_dir), st, sid_version, user_dim, log_fn)
+    run.start()
+    for epoch in range(run.first_epoch, st.epochs):
+        if run.stopped:
+            break
+        run.train_epoch(epoch)
+        run.validate_epoch(epoch)
+    return run.finish()
 
-    out_dir = Path(out_dir)
-    main, device = dist.is_main(), dist.device()
-    model, layout = backbone.model, backbone.layout
-    torch.manual_seed(st.seed)
-    rng = np.random.default_rng(st.seed)
-    epoch_rng = rng.bit_generator.state  # what the current epoch's windows and batches are drawn from
-    ws = windows(rng)
-    method = ws.method
-    projector = None
-    if method == "soft_token":
-        if user_dim is None:
-            raise ValueError("soft_token training needs user_dim (the ALS vector size)")
-        projector = SoftTokenProjector(user_dim, backbone.hidden_size, st.projector)
-    if device != "cpu":  # a GPU rank under torchrun
-        model.to(device)
-        if projector is not None:
-            projector.to(device)
-    groups = apply_trainable(model, st.trainable, layout, projector)
-    opt = torch.optim.AdamW(groups, lr=st.lr, weight_decay=st.weight_decay, betas=(0.9, 0.98))
-    step_fn = _Step(model, projector, int(backbone.tokenizer.pad_token_id or 0), int(model.config.vocab_size), device)
-    batches = target_batches(ws.targets_per_window(), ws.lengths(), st.batch_targets, rng)
-    total = len(batches) * st.epochs if st.max_steps is None else min(st.max_steps, len(batches) * st.epochs)
-    warmup = int(st.warmup_ratio * total)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, warmup))
-    resume_file = out_dir / RESUME_FILE
-    saved = load_state(resume_file)
-    if saved is not None:
-        use_bf16, bf16_info = saved["use_bf16"], saved["bf16_info"]
-    else:  # measured on rank 0 and taken by all: the ranks must compute alike
-        use_bf16, bf16_info = dist.broadcast(choose_bf16(st.bf16, step_fn, ws, batches[0]) if main else None)
-    peak = matmul_gflops("bfloat16" if use_bf16 else "float32", seconds=0.5) * 1e9
-    meta = make_meta(method, layout, sid_version, backbone.name, _template(method), user_dim,
-                     {"lr": st.lr, "trainable": st.trainable, "pretrained": backbone.pretrained, "bf16": use_bf16})
-    catalog = Catalog(item_codes, layout)
-    params = [p for g in groups for p in g["params"]]
-    best = (-1.0, -1.0, None, None, -1)  # ndcg, recall, model state, projector state, epoch
-    history, step, tokens, flops, bad, train_s = [], 0, 0, 0.0, 0, 0.0
-    first_epoch, stopped, t0 = 0, False, time.perf_counter()
-    done_batches, tot, nb = 0, 0.0, 0  # of the first epoch run here (a save inside an epoch resumes mid-way)
-    if saved is not None:  # go on after the last save, as if never stopped
-        model.load_state_dict(saved["model"])
-        if projector is not None:
-            projector.load_state_dict(saved["projector"])
-        opt.load_state_dict(saved["optimizer"])
-        sched.load_state_dict(saved["scheduler"])
+
+class _Training:
+    """One `train_model` call: its parts (model, projector, optimizer, schedule, windows and batches), the
+    counters `resume.pt` keeps, and the steps that change them. A resumed run restores every counter and
+    RNG state from the save and continues exactly as the uninterrupted run would have."""
+
+    def __init__(self, backbone, windows, valid_set, item_codes: np.ndarray, out_dir: Path, st: TrainSettings,
+                 sid_version: str, user_dim: int | None, log_fn):
+        import torch
+
+        from workbench import dist
+        from workbench.model.backbone import apply_trainable
+        from workbench.model.projector import SoftTokenProjector
+        from workbench.study import methods
+
+        self.backbone, self.windows, self.valid_set, self.item_codes = backbone, windows, valid_set, item_codes
+        self.out_dir, self.st, self.sid_version, self.user_dim, self.log_fn = out_dir, st, sid_version, user_dim, log_fn
+        self.main, self.device = dist.is_main(), dist.device()
+        self.model, self.layout = backbone.model, backbone.layout
+        torch.manual_seed(st.seed)
+        self.rng = np.random.default_rng(st.seed)
+        self._draw_epoch()  # the first epoch's windows and batches (numpy RNG only: the torch draws below are apart)
+        self.method = self.ws.method
+        self.projector = None
+        if methods.get(self.method).signal == methods.VECTOR:  # the user vector is projected into the <|user|> slot
+            if user_dim is None:
+                raise ValueError(f"{self.method} training needs user_dim (the user vector size)")
+            self.projector = SoftTokenProjector(user_dim, backbone.hidden_size, st.projector)
+        if self.device != "cpu":  # a GPU rank under torchrun
+            self.model.to(self.device)
+            if self.projector is not None:
+                self.projector.to(self.device)
+        self.groups = apply_trainable(self.model, st.trainable, self.layout, self.projector)
+        self.params = [p for g in self.groups for p in g["params"]]
+        self.opt = torch.optim.AdamW(self.groups, lr=st.lr, weight_decay=st.weight_decay, betas=(0.9, 0.98))
+        self.step_fn = _Step(self.model, self.projector, int(backbone.tokenizer.pad_token_id or 0),
+                             int(self.model.config.vocab_size), self.device)
+        n = len(self.batches) * st.epochs
+        self.total = n if st.max_steps is None else min(st.max_steps, n)
+        warmup = int(st.warmup_ratio * self.total)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_factor(s, self.total, warmup))
+        self.resume_file = out_dir / RESUME_FILE
+
+    def _draw_epoch(self) -> None:
+        """This epoch's windows and batches, drawn from the numpy RNG (whose state before is kept: a save inside
+        the epoch stores it, so a resume draws the same ones again)."""
+        from workbench.study.windows import target_batches
+
+        self.epoch_rng = self.rng.bit_generator.state
+        self.ws = self.windows(self.rng)
+        self.batches = target_batches(self.ws.targets_per_window(), self.ws.lengths(), self.st.batch_targets,
+                                      self.rng)
+
+    # ---- start: the dtype, the counters, a resume -----------------------------------------------------
+    def start(self) -> None:
+        """Pick the dtype (or take the saved run's), set the counters, and go on from the last save if any."""
+        from workbench import dist
+        from workbench.hardware import matmul_gflops
+        from workbench.sids.layout import Catalog
+        from workbench.study import methods
+
+        saved = load_state(self.resume_file)
+        if saved is not None:
+            self.use_bf16, self.bf16_info = saved["use_bf16"], saved["bf16_info"]
+        else:  # measured on rank 0 and taken by all: the ranks must compute alike
+            choice = choose_bf16(self.st.bf16, self.step_fn, self.ws, self.batches[0]) if self.main else None
+            self.use_bf16, self.bf16_info = dist.broadcast(choice)
+        self.peak = matmul_gflops("bfloat16" if self.use_bf16 else "float32", seconds=0.5) * 1e9
+        self.meta = make_meta(self.method, self.layout, self.sid_version, self.backbone.name,
+                              methods.get(self.method).layout, self.user_dim,
+                              {"lr": self.st.lr, "trainable": self.st.trainable, "pretrained": self.backbone.pretrained,
+                               "bf16": self.use_bf16})  # fmt: skip
+        self.catalog = Catalog(self.item_codes, self.layout)
+        self.best = (-1.0, -1.0, None, None, -1)  # ndcg, recall, model state, projector state, epoch
+        self.history, self.step, self.tokens, self.flops, self.bad, self.train_s = [], 0, 0, 0.0, 0, 0.0
+        self.first_epoch, self.stopped, self.t0 = 0, False, time.perf_counter()
+        self.done_batches, self.loss_sum, self.n_batches = 0, 0.0, 0  # of the epoch run first here
+        if saved is not None:
+            self._resume(saved)
+        if dist.world().size > 1:
+            dist.check_same(_digest(self.ws, self.batches, self.params),
+                            "the first epoch's windows and batches or the weights")
+
+    def _resume(self, saved: dict) -> None:
+        """Go on after the last save, as if never stopped (inside an epoch: its windows and batches drawn again
+        from the saved RNG state, its done batches skipped)."""
+        import torch
+
+        self.model.load_state_dict(saved["model"])
+        if self.projector is not None:
+            self.projector.load_state_dict(saved["projector"])
+        self.opt.load_state_dict(saved["optimizer"])
+        self.sched.load_state_dict(saved["scheduler"])
         torch.set_rng_state(saved["torch_rng"])
-        rng.bit_generator.state = saved["numpy_rng"]
-        best = tuple(saved["best"])
-        history, step, tokens, flops, bad, train_s = (saved[k] for k in ("history", "step", "tokens", "flops", "bad",
-                                                                         "train_s"))  # fmt: skip
-        first_epoch, stopped, t0 = saved["epoch"], saved["stopped"], t0 - saved["wall_s"]
+        self.rng.bit_generator.state = saved["numpy_rng"]
+        self.best = tuple(saved["best"])
+        self.history, self.step, self.tokens, self.flops, self.bad, self.train_s = (
+            saved[k] for k in ("history", "step", "tokens", "flops", "bad", "train_s"))  # fmt: skip
+        self.first_epoch, self.stopped, self.t0 = saved["epoch"], saved["stopped"], self.t0 - saved["wall_s"]
         mid = saved.get("mid")
-        where = f"after epoch {first_epoch}"
-        if mid is not None:  # inside epoch first_epoch + 1: its windows and batches again, its done batches skipped
-            epoch_rng, done_batches, tot, nb = mid["epoch_rng"], mid["batches_done"], mid["loss_sum"], mid["batches"]
-            rng.bit_generator.state = epoch_rng
-            ws = windows(rng)
-            batches = target_batches(ws.targets_per_window(), ws.lengths(), st.batch_targets, rng)
-            where = f"in epoch {first_epoch + 1} after batch {done_batches} of {len(batches)}"
-        print(f"  {method} lr={st.lr:g}: resuming {where} (step {step}) from {resume_file}", flush=True)
-    if dist.world().size > 1:
-        dist.check_same(_digest(ws, batches, params), "the first epoch's windows and batches or the weights")
+        where = f"after epoch {self.first_epoch}"
+        if mid is not None:  # inside epoch first_epoch + 1
+            self.done_batches, self.loss_sum, self.n_batches = mid["batches_done"], mid["loss_sum"], mid["batches"]
+            self.rng.bit_generator.state = mid["epoch_rng"]
+            self._draw_epoch()
+            where = f"in epoch {self.first_epoch + 1} after batch {self.done_batches} of {len(self.batches)}"
+        print(f"  {self.method} lr={self.st.lr:g}: resuming {where} (step {self.step}) from {self.resume_file}",
+              flush=True)
 
-    def state(epoch_done: int, mid: dict | None = None) -> dict:
+    def _state(self, epoch_done: int, mid: dict | None = None) -> dict:
+        """What resume.pt holds: after `epoch_done` epochs, and (`mid`) how far the next one is."""
+        import torch
+
+        p = self.projector
         return {
-            "epoch": epoch_done, "stopped": stopped, "model": model.state_dict(), "optimizer": opt.state_dict(),
-            "projector": None if projector is None else projector.state_dict(), "scheduler": sched.state_dict(),
-            "torch_rng": torch.get_rng_state(), "numpy_rng": rng.bit_generator.state, "best": list(best),
-            "history": history, "step": step, "tokens": tokens, "flops": flops, "bad": bad, "train_s": train_s,
-            "wall_s": time.perf_counter() - t0, "use_bf16": use_bf16, "bf16_info": bf16_info, "mid": mid,
+            "epoch": epoch_done, "stopped": self.stopped, "model": self.model.state_dict(),
+            "optimizer": self.opt.state_dict(), "projector": None if p is None else p.state_dict(),
+            "scheduler": self.sched.state_dict(), "torch_rng": torch.get_rng_state(),
+            "numpy_rng": self.rng.bit_generator.state, "best": list(self.best), "history": self.history,
+            "step": self.step, "tokens": self.tokens, "flops": self.flops, "bad": self.bad, "train_s": self.train_s,
+            "wall_s": time.perf_counter() - self.t0, "use_bf16": self.use_bf16, "bf16_info": self.bf16_info,
+            "mid": mid,
         }  # fmt: skip
 
-    for epoch in range(first_epoch, st.epochs):
-        if stopped:
-            break
-        if epoch and not (epoch == first_epoch and done_batches):  # (a mid-epoch resume drew them above)
-            epoch_rng = rng.bit_generator.state
-            ws = windows(rng)
-            batches = target_batches(ws.targets_per_window(), ws.lengths(), st.batch_targets, rng)
-        if epoch > first_epoch:
-            done_batches, tot, nb = 0, 0.0, 0
-        model.train()
-        if projector is not None:
-            projector.train()
-        left = batches[done_batches:]
-        bar = progress(left, desc=f"{method} lr={st.lr:g} epoch {epoch + 1}/{st.epochs}"
-                       + (f" (from batch {done_batches + 1})" if done_batches else ""), unit="batch",
-                       enabled=st.progress)
+    # ---- one epoch ------------------------------------------------------------------------------------
+    def _set_mode(self, train: bool) -> None:
+        for m in (self.model, self.projector):
+            if m is not None:
+                m.train(train)
+
+    def train_epoch(self, epoch: int) -> None:
+        """The epoch's batches (after the ones a mid-epoch save had done), saving every `save_every_s` inside it."""
+        from workbench.progress import progress
+
+        if epoch and not (epoch == self.first_epoch and self.done_batches):  # (a mid-epoch resume drew them)
+            self._draw_epoch()
+        if epoch > self.first_epoch:
+            self.done_batches, self.loss_sum, self.n_batches = 0, 0.0, 0
+        self._set_mode(True)
+        st, done = self.st, self.done_batches
+        bar = progress(self.batches[done:], desc=f"{self.method} lr={st.lr:g} epoch {epoch + 1}/{st.epochs}"
+                       + (f" (from batch {done + 1})" if done else ""), unit="batch", enabled=st.progress)
         te = last_save = time.perf_counter()
-        for b, idx in enumerate(bar, done_batches + 1):
-            if step >= total:
+        for b, idx in enumerate(bar, done + 1):
+            if self.step >= self.total:
                 break
-            opt.zero_grad(set_to_none=True)
-            lv, n_tok, n_logit, keys = step_fn.backward(ws, idx, use_bf16, params)
-            torch.nn.utils.clip_grad_norm_(params, st.grad_clip)
-            opt.step()
-            sched.step()
-            step += 1
-            tokens += n_tok
-            flops += train_flops(model.config, n_tok, n_logit, step_fn.vocab, keys)
-            tot, nb = tot + lv, nb + 1
-            bar.set_postfix(loss=f"{lv:.3f}")
-            if log_fn and step % 20 == 0:
-                log_fn({names.TRAIN_LOSS: lv, "train/lr": sched.get_last_lr()[0]}, step)
+            bar.set_postfix(loss=f"{self._optimizer_step(idx):.3f}")
             now = time.perf_counter()
-            if st.save_every_s and now - last_save >= st.save_every_s and b < len(batches) and main:
-                train_s += now - te  # the training time up to this save counts once, whatever happens next
-                save_state(resume_file, state(epoch, {"epoch_rng": epoch_rng, "batches_done": b, "loss_sum": tot,
-                                                        "batches": nb}))
+            if st.save_every_s and now - last_save >= st.save_every_s and b < len(self.batches) and self.main:
+                self.train_s += now - te  # the training time up to this save counts once, whatever happens next
+                save_state(self.resume_file, self._state(epoch, {"epoch_rng": self.epoch_rng, "batches_done": b,
+                                                                 "loss_sum": self.loss_sum, "batches": self.n_batches}))
                 te = last_save = time.perf_counter()
         bar.close()
-        train_s += time.perf_counter() - te
-        model.eval()
-        if projector is not None:
-            projector.eval()
-        live = LoadedCheckpoint(out_dir, model, backbone.tokenizer, meta, catalog, projector)
-        val = validate(live, valid_set, st.valid_beam_width, st.progress)
-        row = {"epoch": epoch + 1, "step": step, "train_loss": tot / max(1, nb), **val, names.TRAIN_FLOPS: flops,
-               "targets": ws.n_targets, "tokens_per_s": tokens / max(train_s, 1e-9), "wall_s": time.perf_counter() - t0}
-        history.append(row)
-        print(f"  {method} lr={st.lr:g} epoch {epoch + 1}: loss {row['train_loss']:.3f}, valid NDCG@10 "
-              f"{val[names.VALID_NDCG10]:.4f} R@10 {val[names.VALID_RECALL10]:.4f}, {row['tokens_per_s']:,.0f} tokens/s",
-              flush=True)
-        if log_fn:
-            log_fn({names.TRAIN_EPOCH_LOSS: row["train_loss"], **val, names.TRAIN_FLOPS: flops}, step)
-        if val[names.VALID_NDCG10] > best[0]:
-            best = (val[names.VALID_NDCG10], val[names.VALID_RECALL10], copy.deepcopy(model.state_dict()),
-                    None if projector is None else copy.deepcopy(projector.state_dict()), epoch + 1)
-            bad = 0
+        self.train_s += time.perf_counter() - te
+
+    def _optimizer_step(self, idx) -> float:
+        """Forward, backward, clip and one AdamW + schedule step on batch `idx`; returns its loss."""
+        import torch
+
+        from workbench.study.flops import train_flops
+
+        self.opt.zero_grad(set_to_none=True)
+        lv, n_tok, n_logit, keys = self.step_fn.backward(self.ws, idx, self.use_bf16, self.params)
+        torch.nn.utils.clip_grad_norm_(self.params, self.st.grad_clip)
+        self.opt.step()
+        self.sched.step()
+        self.step += 1
+        self.tokens += n_tok
+        self.flops += train_flops(self.model.config, n_tok, n_logit, self.step_fn.vocab, keys)
+        self.loss_sum, self.n_batches = self.loss_sum + lv, self.n_batches + 1
+        if self.log_fn and self.step % 20 == 0:
+            self.log_fn({names.TRAIN_LOSS: lv, "train/lr": self.sched.get_last_lr()[0]}, self.step)
+        return lv
+
+    def validate_epoch(self, epoch: int) -> None:
+        """Validate the epoch's weights, log them, keep them if best, decide whether to stop, save."""
+        from workbench.model.checkpoint import LoadedCheckpoint
+
+        self._set_mode(False)
+        live = LoadedCheckpoint(self.out_dir, self.model, self.backbone.tokenizer, self.meta, self.catalog,
+                                self.projector)
+        val = validate(live, self.valid_set, self.st.valid_beam_width, self.st.progress)
+        row = {"epoch": epoch + 1, "step": self.step, "train_loss": self.loss_sum / max(1, self.n_batches), **val,
+               names.TRAIN_FLOPS: self.flops, "targets": self.ws.n_targets,
+               "tokens_per_s": self.tokens / max(self.train_s, 1e-9), "wall_s": time.perf_counter() - self.t0}
+        self.history.append(row)
+        print(f"  {self.method} lr={self.st.lr:g} epoch {epoch + 1}: loss {row['train_loss']:.3f}, valid NDCG@10 "
+              f"{val[names.VALID_NDCG10]:.4f} R@10 {val[names.VALID_RECALL10]:.4f}, "
+              f"{row['tokens_per_s']:,.0f} tokens/s", flush=True)
+        if self.log_fn:
+            self.log_fn({names.TRAIN_EPOCH_LOSS: row["train_loss"], **val, names.TRAIN_FLOPS: self.flops}, self.step)
+        self._keep_best(epoch, val)
+        if self.main:  # the other ranks hold the same state
+            save_state(self.resume_file, self._state(epoch + 1))
+
+    def _keep_best(self, epoch: int, val: dict) -> None:
+        """The best epoch's weights so far (by validation NDCG@10); stop after `patience` epochs without one."""
+        if val[names.VALID_NDCG10] > self.best[0]:
+            p = self.projector
+            self.best = (val[names.VALID_NDCG10], val[names.VALID_RECALL10], copy.deepcopy(self.model.state_dict()),
+                         None if p is None else copy.deepcopy(p.state_dict()), epoch + 1)
+            self.bad = 0
         else:
-            bad += 1
-        stopped = bad >= st.patience or step >= total
-        if main:  # the other ranks hold the same state
-            save_state(resume_file, state(epoch + 1))
-    model.load_state_dict(best[2])
-    if projector is not None:
-        projector.load_state_dict(best[3])
-    model.eval()
-    final = out_dir / "checkpoint"
-    if main:
-        final = save_checkpoint(final, model, backbone.tokenizer, meta, item_codes, projector)
-        resume_file.unlink(missing_ok=True)  # the checkpoint holds what matters now (and is ~1/3 the size)
-    rate = tokens / max(train_s, 1e-9)
-    history.append({"bf16": bf16_info})
-    return TrainResult(
-        method=method, lr=st.lr, checkpoint=final, best_epoch=best[4], best_valid_ndcg10=best[0],
-        best_valid_recall10=best[1], epochs_run=sum("epoch" in h for h in history), steps=step,
-        train_targets=ws.n_targets, train_tokens=tokens, flops=flops, wall_s=time.perf_counter() - t0,
-        tokens_per_s=rate, matmul_share=flops / max(train_s, 1e-9) / peak, bf16=use_bf16, history=history,
-    )
+            self.bad += 1
+        self.stopped = self.bad >= self.st.patience or self.step >= self.total
+
+    # ---- finish ---------------------------------------------------------------------------------------
+    def finish(self) -> TrainResult:
+        """The best epoch's weights into `out_dir/checkpoint` (rank 0), resume.pt removed; the run's result."""
+        from workbench.model.checkpoint import save_checkpoint
+
+        self.model.load_state_dict(self.best[2])
+        if self.projector is not None:
+            self.projector.load_state_dict(self.best[3])
+        self.model.eval()
+        final = self.out_dir / "checkpoint"
+        if self.main:
+            final = save_checkpoint(final, self.model, self.backbone.tokenizer, self.meta, self.item_codes,
+                                    self.projector)
+            self.resume_file.unlink(missing_ok=True)  # the checkpoint holds what matters now (and is ~1/3 the size)
+        self.history.append({"bf16": self.bf16_info})
+        train_s = max(self.train_s, 1e-9)
+        return TrainResult(
+            method=self.method, lr=self.st.lr, checkpoint=final, best_epoch=self.best[4],
+            best_valid_ndcg10=self.best[0], best_valid_recall10=self.best[1],
+            epochs_run=sum("epoch" in h for h in self.history), steps=self.step, train_targets=self.ws.n_targets,
+            train_tokens=self.tokens, flops=self.flops, wall_s=time.perf_counter() - self.t0,
+            tokens_per_s=self.tokens / train_s, matmul_share=self.flops / train_s / self.peak, bf16=self.use_bf16,
+            history=self.history,
+        )
 
 
 def _digest(ws, batches, params) -> str:
@@ -451,9 +535,3 @@ def _digest(ws, batches, params) -> str:
         h.update(np.asarray(b, dtype=np.int64).tobytes())
     h.update(repr([float(p.detach().double().sum()) for p in params]).encode())
     return h.hexdigest()
-
-
-def _template(method: str) -> str:
-    from workbench.study.prompts import TEMPLATES
-
-    return TEMPLATES[method]

@@ -1,14 +1,15 @@
 """Full-sequence training: every train transition is a target once per epoch, in one pass per window.
 
 A user's train sequence h_0 .. h_{n-1} is cut into consecutive chunks of targets, each at most
-the method's context `c` long (`methods.recent_k` for none / user_sid / soft_token, `long_m` for
-none_long / text_history), tiled from the end of the sequence with a random first chunk per epoch
+the method's context `c` long (`Method.context`: `methods.recent_k` for none / user_sid / soft_token, `long_m`
+for none_long / text_history), tiled from the end of the sequence with a random first chunk per epoch
 (so context lengths vary from epoch to epoch). A window is a chunk plus the item just before it:
 items w_0 .. w_m (m <= c), targets w_1 .. w_m. Target w_j sees w_0 .. w_{j-1}: never more than the
 c items the method's prompt shows at evaluation. Item 0 of each user is never a target (it has no
 history), so every method trains on exactly the same item targets per epoch.
 
-Layouts (S(i): the SID tokens of item i, T(i): its text; loss on every SID token of w_1 .. w_m):
+Layouts of the built-ins (S(i): the SID tokens of item i, T(i): its text; loss on every SID token of
+w_1 .. w_m), each laid out by its method (`Method.window`; this module is generic):
 
     none, none_long   <|hist|> S(w_0) S(w_1) ... S(w_m)
     user_sid          <|usid|> U <|hist|> S(w_0) ... S(w_m)
@@ -17,14 +18,14 @@ Layouts (S(i): the SID tokens of item i, T(i): its text; loss on every SID token
 
 The last target's view is exactly the method's evaluation prompt (`prompts.PromptBuilder`) followed
 by its SID. In text_history each `[<|next|> S(w_j)]` block is seen only by itself (the multi-item
-scoring mask, used for training) and takes the positions it would have at the end of the prompt
-`<|text|> T(w_0) ... T(w_{j-1}) <|next|>`, so one pass gives every target the loss of its own
-per-example prompt (tests/test_windows.py checks that to 1e-5).
+scoring mask, used for training) and takes the positions it would have at the end of its own prompt
+(`methods/text_history.py`); a window whose longest view would not fit the model is cut shorter.
 
-The user signal (U, the soft token's vector) is folded in from the items *before* w_0 only, with
-item factors that never saw this user (`UserEncoder.train_vectors`, the ALS fold models): no
-supervised target is among the interactions that produced it. At evaluation it is folded in from
-the items before the c context items, so training and evaluation read the same kind of signal.
+The user signal (whichever kind the method reads: user_sid's U, the soft token's vector) is folded in
+from the items *before* w_0 only, with item factors that never saw this user (`UserEncoder.train_vectors`,
+the ALS fold models): no supervised target is among the interactions that produced it. At evaluation it
+is folded in from the items before the c context items, so training and evaluation read the same kind
+of signal.
 """
 
 from __future__ import annotations
@@ -34,13 +35,13 @@ from typing import Sequence
 
 import numpy as np
 
-from workbench.study.prompts import NEEDS_VECTOR, PromptBuilder, PromptError, UserEncoder
-
-LONG_CONTEXT = ("none_long", "text_history")  # methods whose context is methods.long_m items
+from workbench.study import methods
+from workbench.study.prompts import PromptBuilder, PromptError, UserEncoder, user_signals
 
 
 def context_items(method: str, recent_k: int, long_m: int) -> int:
-    return long_m if method in LONG_CONTEXT else recent_k
+    """How many history items `method`'s prompt shows (and a window's targets see at most)."""
+    return methods.get(method).context_items(recent_k, long_m)
 
 
 @dataclass
@@ -118,95 +119,49 @@ class WindowBuilder:
     def __init__(self, prompts: PromptBuilder, max_tokens: int):
         self.p = prompts
         self.method = prompts.method
-        self.ctx = context_items(self.method, prompts.recent_k, prompts.long_m)
+        self.spec = prompts.spec
+        self.ctx = prompts.context_items
         self.max_tokens = int(max_tokens)
         self.depth = prompts.item_sid_ids.shape[1]
 
     # ---- one window ----------------------------------------------------------------------------
     def window(self, user: int, seq: np.ndarray, start: int, end: int, signal=None) -> Window:
-        """`signal`: the user vector (soft_token) or user-SID token ids (user_sid) as of `start`."""
+        """`signal`: the method's user signal as of `start` (user-SID token ids or the user vector), if any."""
         items = np.asarray(seq[start : end + 1], dtype=np.int64)
-        if self.method == "text_history":
-            return self._text_window(user, start, items)
-        p = self.p
-        head, ph, vec = [p.HIST], None, None
-        if self.method == "user_sid":
-            if signal is None:
-                raise PromptError("user_sid windows need the user's SID tokens")
-            head = [p.USID, *[int(t) for t in signal], p.HIST]
-        elif self.method == "soft_token":
-            head, ph, vec = [p.USER, p.HIST], 0, np.asarray(signal, dtype=np.float32)
-        sids = p.item_sid_ids[items]  # [m + 1, depth]
-        ids = head + sids.reshape(-1).tolist()
-        first = len(head) + self.depth  # first token of S(w_1)
-        loss_pos = list(range(first - 1, len(ids) - 1))
-        return Window(user, start, items, ids, loss_pos, ids[first:], placeholder_pos=ph, user_vector=vec)
+        t = self.spec.window(self.p, items, signal)
+        vec = np.asarray(signal, dtype=np.float32) if self.spec.signal == methods.VECTOR else None
+        return Window(user, start, items, t.ids, t.loss_pos, t.loss_tok, positions=t.positions, blocks=t.blocks,
+                      placeholder_pos=t.placeholder_pos, user_vector=vec)
 
-    def _text_window(self, user: int, start: int, items: np.ndarray) -> Window:
-        p = self.p
-        ids, pos, blocks, loss_pos, loss_tok = [p.TEXT], [0], [-1], [], []
-        for j, it in enumerate(items):
-            if j:  # the block of target w_j: positions as at the end of its own prompt
-                base = pos[-1] + 1
-                sid = p.item_sid_ids[int(it)].tolist()
-                at = len(ids)
-                ids += [p.NEXT, *sid]
-                pos += list(range(base, base + 1 + self.depth))
-                blocks += [j] * (1 + self.depth)
-                loss_pos += list(range(at, at + self.depth))
-                loss_tok += sid
-            if j < len(items) - 1:  # T(w_j) is context for the later targets
-                text = list(p.item_text_ids[int(it)])
-                piece = ([p.SEP] if j else []) + text
-                base = pos[-1] + 1 if j == 0 else pos[_last_shared(blocks)] + 1
-                ids += piece
-                pos += list(range(base, base + len(piece)))
-                blocks += [-1] * len(piece)
-        return Window(user, start, items, ids, loss_pos, loss_tok, positions=pos, blocks=blocks)
-
-    def text_tokens(self, seq: np.ndarray, start: int, end: int) -> int:
-        """Tokens of the longest prompt in a text_history window (its last target's)."""
-        texts = sum(len(self.p.item_text_ids[int(i)]) + 1 for i in seq[start:end])
-        return 1 + texts + self.depth
+    def fits(self, seq: np.ndarray, start: int, end: int) -> bool:
+        """Whether the window over seq[start .. end] fits `max_tokens` (always, for a method whose windows are
+        bounded by its context alone)."""
+        n = self.spec.longest_view(self.p, seq[start:end])
+        return n is None or n <= self.max_tokens
 
     # ---- an epoch -----------------------------------------------------------------------------
     def epoch(self, train: Sequence[np.ndarray], encoder: UserEncoder | None, rng: np.random.Generator,
               users: Sequence[int] | None = None) -> WindowSet:
         """Every user's windows for one epoch (a fresh random tiling)."""
         out = WindowSet(self.method)
-        fits = None
         users = range(len(train)) if users is None else users
         for u in users:
             seq = np.asarray(train[u], dtype=np.int64)
             if len(seq) < 2:
                 continue
-            if self.method == "text_history":
-                fits = lambda s, e, seq=seq: self.text_tokens(seq, s, e) <= self.max_tokens  # noqa: E731
-            spans = tile(len(seq), self.ctx, rng, fits)
+            spans = tile(len(seq), self.ctx, rng, lambda s, e, seq=seq: self.fits(seq, s, e))
             for (s, e), sig in zip(spans, self._signals(u, seq, spans, encoder)):
                 out.windows.append(self.window(u, seq, s, e, sig))
         return out
 
     def _signals(self, user: int, seq: np.ndarray, spans, encoder: UserEncoder | None):
-        if self.method not in NEEDS_VECTOR:
+        if not self.spec.reads_signal:
             return [None] * len(spans)
         if encoder is None or encoder.train_vectors is None:
             raise PromptError(f"{self.method} windows need a UserEncoder with leak-free train_vectors (ALS folds)")
         cuts = np.array([s for s, _ in spans], dtype=np.int64)
-        vecs = np.asarray(encoder.train_vectors(user, seq, cuts), dtype=np.float32)  # [n_windows, dim]
-        if self.method == "soft_token":
-            return list(vecs)
-        if encoder.codes is None:
-            raise PromptError("user_sid needs the user quantizer (UserEncoder.codes)")
-        return list(self.p.layout.user_codes_to_ids(np.asarray(encoder.codes(vecs))))
-
-
-def _last_shared(blocks: list[int]) -> int:
-    """Index of the last token of the shared stream (the text before the newest block)."""
-    i = len(blocks) - 1
-    while blocks[i] != -1:
-        i -= 1
-    return i
+        vecs = encoder.train_vectors(user, seq, cuts)  # [n_windows, dim]
+        return list(user_signals(self.p, encoder, vectors=vecs))
 
 
 # ---- batches -------------------------------------------------------------------------------------

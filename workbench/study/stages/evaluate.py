@@ -32,13 +32,13 @@ import numpy as np
 from workbench import names
 from workbench.cache import RESUME_FILE, cached
 from workbench.config import section_hash, settings_from
+from workbench.study import methods
 from workbench.study.compare import Entry, comparison_table
 from workbench.study.context import child_run, say
 from workbench.study.inputs import (CACHE_FORMAT, StudyInputs, inputs_from_context, method_test_prompts, seen_items,
                                     test_users, use_threads)
 
 BASELINES = ("popularity", "als", "sasrec")
-ABLATED = ("soft_token", "user_sid")
 VARIANTS = ("shuffled", "zeroed")
 SASREC_FORMAT = 2  # 2: unit-scale embedding init (SASRec with N(0, 1) rows trained below popularity)
 # Quality is measured through this engine, in this mode and dtype; the evaluation child runs carry
@@ -59,7 +59,8 @@ def evaluate_stage(ctx) -> Any:
     users = test_users(cfg, inp)
     entries = _baselines(ctx, inp, users)
     for (method, seed), res in trained.items():
-        variants = ("own", *VARIANTS) if cfg.evaluation.signal_ablation and method in ABLATED else ("own",)
+        ablate = cfg.evaluation.signal_ablation and methods.get(method).reads_signal
+        variants = ("own", *VARIANTS) if ablate else ("own",)
         for variant in variants:
             name = method if variant == "own" else f"{method}/{variant}"
             tags = {**eval_tags(method, seed, res.checkpoint), names.TAG_SIGNAL: variant}

@@ -25,6 +25,7 @@ from workbench import names
 from workbench.cache import cached
 from workbench.config import settings_from
 from workbench.errors import UsageError
+from workbench.study import methods
 from workbench.study.context import child_run, say
 from workbench.study.inputs import StudyInputs, inputs_from_context, set_threads, train_entry, train_key, use_threads
 
@@ -35,7 +36,7 @@ from workbench.study.inputs import StudyInputs, inputs_from_context, set_threads
 def build_prompt_builder(cfg, backbone, inp: StudyInputs, method: str):
     from workbench.study.prompts import PromptBuilder, tokenize_item_texts
 
-    text_ids = tokenize_item_texts(backbone.tokenizer, inp.item_texts) if method == "text_history" else None
+    text_ids = tokenize_item_texts(backbone.tokenizer, inp.item_texts) if methods.get(method).needs_text else None
     depth = backbone.layout.item_depth
     return PromptBuilder(
         method, backbone.layout, backbone.layout.item_codes_to_ids(inp.item_codes), cfg.methods.recent_k,
@@ -94,7 +95,8 @@ def _train(cfg, inp: StudyInputs, method: str, seed: int, lr: float, folder: Pat
         return ws
 
     return train_model(bb, windows, valid_set, inp.item_codes, folder, st, sid_version=inp.sid_version,
-                       user_dim=inp.encoder.dim if method == "soft_token" else None, log_fn=log_fn)
+                       user_dim=inp.encoder.dim if methods.get(method).signal == methods.VECTOR else None,
+                       log_fn=log_fn)
 
 
 def train_stage(ctx, build_inputs: Callable[[Any], StudyInputs] | None = None) -> dict:
