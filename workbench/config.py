@@ -158,7 +158,7 @@ class TrainingConfig(Section):
     seeds: tuple[int, ...] = (0,)
     max_steps: int | None = None  # cap on optimizer steps (same for every method)
     num_threads: int | None = None  # torch CPU threads for training and evaluation (None: torch default)
-    # models trained at a time, each in its own process with num_threads // workers threads (study/stages.py)
+    # models trained at a time, each in its own process with num_threads // workers threads (study/stages/train.py)
     workers: int = Field(1, ge=1)
     save_every_s: float = Field(600.0, ge=0)  # training seconds between resume saves inside an epoch (0: epoch ends only)
 
