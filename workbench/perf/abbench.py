@@ -1,10 +1,10 @@
 """`workbench microbench --ab A B`: two torch engine configurations on the same requests, alternating, in one process.
 
-Why: these machines share their host, whose load moves every rate 10-30% within minutes (docs/HEADLINE.md,
-2026-12-02: four runs of one command in four minutes, 186-252 ms per request). Two benchmark runs a minute
-apart cannot resolve a 5-10% change. Here both engines live in one process and every request runs on both,
-back to back, the order alternating, so each pair sees the same host; the answer is the median and quartiles
-of the per-request ratio B / A, and how many requests got the same beams (token ids and cumulative
+Why: these machines share their host, whose load moves every rate 10-30% within minutes
+(docs/results/2026-12-02-engines-zen5.md: four runs of one command in four minutes, 186-252 ms per request). Two
+benchmark runs a minute apart cannot resolve a 5-10% change. Here both engines live in one process and every request
+runs on both, back to back, the order alternating, so each pair sees the same host; the answer is the median and
+quartiles of the per-request ratio B / A, and how many requests got the same beams (token ids and cumulative
 log-probs, exactly) from both: whether a speed change left the results alone.
 
 A and B are comma-separated torch engine options, e.g. `gemm=default` vs `gemm=onednn`, `dtype=float32` vs

@@ -82,9 +82,10 @@ def measured_speedup(w: Tensor, rows: int = PACK_ROWS, repeats: int = 3, rounds:
     """How many times faster oneDNN runs `rows` x w.T than `F.linear` here, now: the median over `rounds` of the
     ratio of the two libraries' best of `repeats`, timed back to back in alternating order.
 
-    Why rounds: this host's speed moves 10-30% within minutes (docs/HEADLINE.md), and one best-of-5 of each library
-    in turn put the two in different windows: on an AMD EPYC Zen 4, where oneDNN measured 1.29-1.52x, one load
-    measured it under MIN_SPEEDUP and kept `F.linear` (2026-12-02). Pairs side by side share their window."""
+    Why rounds: this host's speed moves 10-30% within minutes (docs/results/2026-12-02-engines-zen5.md), and one
+    best-of-5 of each library in turn put the two in different windows: on an AMD EPYC Zen 4, where oneDNN measured
+    1.29-1.52x, one load measured it under MIN_SPEEDUP and kept `F.linear` (2026-12-02). Pairs side by side share
+    their window."""
     x = torch.randn(rows, w.shape[1], dtype=torch.float32)
     fast = OneDNNLinear(w)
     w = w.detach().float().contiguous()
