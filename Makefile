@@ -82,8 +82,7 @@ report-picture: setup
 	  || { echo "no picture taken. If the error above says there is no such MLflow experiment, run the quickstart" \
 	            "first: make demo (then make report-picture again)" >&2; exit 1; }
 
-# A team MLflow server: PostgreSQL store + artifacts through the server, data in data/mlflow-server/ (README
-# "A team MLflow server"). HOST (default 127.0.0.1: MLflow has no auth) and PORT (5000) from the environment
+# A team MLflow server: PostgreSQL store + artifacts through the server, data in data/mlflow-server/ (docs/team-mlflow.md). HOST (default 127.0.0.1: MLflow has no auth) and PORT (5000) from the environment
 # or `make mlflow-server HOST=... PORT=...`. Idempotent: initdb once, start what is not running.
 mlflow-server: setup
 	HOST="$(HOST)" PORT="$(PORT)" bash scripts/mlflow_server.sh start

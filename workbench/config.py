@@ -269,8 +269,7 @@ class CostConfig(Section):
 
 class TrackingConfig(Section):
     experiment: str | None = None  # MLflow experiment name (default: the YAML file's stem)
-    # MLflow store of this file's runs, e.g. a team server http://mlflow.lab:5000 (README "A team MLflow
-    # server"); None: MLFLOW_TRACKING_URI, else the local sqlite store. `--tracking-uri` overrides it.
+    # MLflow store of this file's runs, e.g. a team server http://mlflow.lab:5000 (docs/team-mlflow.md); None: MLFLOW_TRACKING_URI, else the local sqlite store. `--tracking-uri` overrides it.
     uri: str | None = None
 
     @field_validator("uri")

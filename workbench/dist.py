@@ -1,4 +1,4 @@
-"""Several processes, one study: what each rank does under `torchrun` (README "Across processes and hosts").
+"""Several processes, one study: what each rank does under `torchrun` (docs/distributed.md).
 
     torchrun --nproc_per_node 8 -m workbench.cli run experiments/personalization_ml1m.yaml
 

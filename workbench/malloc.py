@@ -9,7 +9,7 @@ time; in these VMs a page fault costs ~1.8 us: allocating and filling a fresh 64
 With `glibc.malloc.hugetlb=1` (glibc >= 2.35) malloc asks for transparent huge pages, so a fault brings in
 2 MiB: the 64 MiB tensor took 4.5 ms and the training 1.76M faults (same losses and validation NDCG to the
 digit); with the two thresholds as well, freed blocks up to 32 MiB stay in malloc's heap and the beam
-request took 0-400 faults (README, "Huge pages").
+request took 0-400 faults (docs/performance-tools.md, "Huge pages").
 
 How: glibc reads its tunables once, when the process starts, so the CLI re-executes itself once with them
 added (`reexec_with_hugepages`, before any heavy import); the servers and workers it starts inherit them,

@@ -1,6 +1,6 @@
 """MLflow tracking: one store, self-describing runs, failures kept.
 
-Store, first that applies (`tracking_uri()`; README "A team MLflow server"):
+Store, first that applies (`tracking_uri()`; docs/team-mlflow.md):
   1. `--tracking-uri` of `workbench run | bench | report`;
   2. `tracking.uri` in the experiment file (`run_experiment` and `run_bench` enter `use(cfg.tracking.uri)`);
   3. `MLFLOW_TRACKING_URI` (tests point it at a temporary folder; a team at its server, http://host:5000);

@@ -108,8 +108,8 @@ def parse_args(argv):
 def build_checkpoint(size: str, sid_depth: int, prompt_len: int, folder: Path) -> Path:
     """A random Qwen3 checkpoint of a named size whose catalog SIDs are `sid_depth` tokens deep.
 
-    The catalog is this benchmark's own: 2,000 items and a 1,000-word base vocabulary (the README's
-    recorded runs: 2.64M parameters in all at 2.4m, 26.3M at 25m).
+    The catalog is this benchmark's own: 2,000 items and a 1,000-word base vocabulary (the recorded
+    runs under docs/results/: 2.64M parameters in all at 2.4m, 26.3M at 25m).
     """
     depth_levels = (16,) * (sid_depth - 1)  # the dedup digit is the last level
     print(f"building a random {size} Qwen3 checkpoint (SID depth {sid_depth}) ...", file=sys.stderr)

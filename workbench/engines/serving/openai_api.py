@@ -220,8 +220,7 @@ def refusal(body: CompletionRequest) -> str | None:
     unknown = sorted(k for k in extra if k not in _NO_OP_VALUES)
     if unknown:
         return (f"unknown parameter{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown[:5]))}: this server takes "
-                f"OpenAI / vLLM completions parameters plus {', '.join(EXTENSIONS)} (README: 'workbench serve for "
-                "OpenAI and vLLM clients')")
+                f"OpenAI / vLLM completions parameters plus {', '.join(EXTENSIONS)} (docs/serving.md)")
     for k, v in extra.items():
         allowed, why = _NO_OP_VALUES[k]
         if not _is_no_op(v, allowed):
