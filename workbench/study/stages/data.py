@@ -16,7 +16,8 @@ CACHE_FORMAT = 1  # bump to invalidate every cache written by an older layout of
 
 
 def stage_data(ctx: StageContext) -> None:
-    from workbench.data.movielens import Dataset, filter_dataset, load_movielens
+    from workbench.data.movielens import load_movielens
+    from workbench.data.tables import Dataset, filter_dataset
     from workbench.data.splits import Split, leave_one_out
 
     cfg = ctx.cfg
