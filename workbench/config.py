@@ -104,8 +104,8 @@ class DatasetConfig(Section):
         builtin = self.name in names.DATASETS
         if self.interactions is None:
             if not builtin:
-                raise ValueError(f"dataset {self.name!r} is not built in ({', '.join(names.DATASETS)}); give its files "
-                                 "as dataset.interactions and dataset.items (data/README.md)")
+                raise ValueError(f"dataset.name {self.name!r} is not a built-in dataset ({', '.join(names.DATASETS)}); "
+                                 "give its files as dataset.interactions and dataset.items (data/README.md)")
             if self.items is not None or self.users is not None or self.format != "files":
                 raise ValueError(f"dataset {self.name} is the built-in MovieLens reader: it takes no items, users or "
                                  "format keys (only user_embeddings); give a dataset of files another name")

@@ -124,6 +124,7 @@ TAG_TRANSPORT = "workbench.transport"
 TAG_PROMPTS_FROM = "workbench.prompts_from"
 TAG_SLO_SOURCE = "workbench.slo_source"
 TAG_SATURATED = "workbench.saturated_within_slo"
+TAG_USER_EMBEDDINGS = "workbench.user_embeddings"  # supplied user vectors' as-of rule, or "may include the test period"
 TAG_SIGNAL = "workbench.signal"  # own | shuffled | zeroed: the user signal an evaluation fed
 
 # ---- performance runs: one run per `workbench microbench` invocation, whichever mode ------------------------

@@ -94,7 +94,8 @@ class Dataset:
             interactions=pd.read_parquet(folder / "interactions.parquet"),
             items=pd.read_parquet(folder / "items.parquet"),
             users=pd.read_parquet(folder / "users.parquet"),
-            **{p: pd.read_parquet(folder / f"{p}.parquet") for p in OPTIONAL_TABLES if (folder / f"{p}.parquet").exists()},
+            **{p: pd.read_parquet(folder / f"{p}.parquet") for p in OPTIONAL_TABLES
+               if (folder / f"{p}.parquet").exists()},
         )
 
     @staticmethod
