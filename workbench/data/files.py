@@ -278,7 +278,7 @@ def parse_timestamps(values: pd.Series, unit: str, path: Path, col: Column) -> t
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
             raise DataError(f"{path}: row {row + 1}: timestamp {values[row]!r} is not an ISO 8601 time {hint}")
-        ns = when.astype("int64").to_numpy()
+        ns = when.dt.as_unit("ns").astype("int64").to_numpy()  # pandas may pick another resolution
     else:
         bad = num.isna().to_numpy()
         if bad.any():

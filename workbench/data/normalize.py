@@ -61,15 +61,15 @@ class Raw:
 
 
 def text_tokens(value) -> list[str]:
-    """The words of one text cell: lists (of lists) flattened, blanks dropped, "|" (the join) made "/"."""
+    """The words of one text cell: lists (of lists) flattened, "a|b" split (the join of `genres`), blanks dropped."""
     if value is None or (isinstance(value, float) and np.isnan(value)):
         return []
     if isinstance(value, (list, tuple, np.ndarray)):
         return [t for v in value for t in text_tokens(v)]
     if isinstance(value, dict):
         return [t for v in value.values() for t in text_tokens(v)]
-    s = " ".join(str(value).split()).replace("|", "/")
-    return [s] if s else []
+    parts = (" ".join(p.split()) for p in str(value).split("|"))
+    return [p for p in parts if p]
 
 
 def _unique(tokens: list[str]) -> list[str]:
