@@ -111,7 +111,8 @@ def test_items_without_text_refused_when_read_or_fall_back(data_dir, tmp_path):
                             "them a title or text column (dataset.items.title / dataset.items.text), or set "
                             "dataset.items_without_text: fallback (their text is then their raw id)")
     prep, note = prepare(_study(tmp_path, items, items_without_text="fallback"), say=lambda s: None)
-    assert note == "1 items have no text (first: 'i2'): their text is their raw id (dataset.items_without_text: fallback)"
+    assert note == ("1 items have no text (first: 'i2'): their text is their raw id "
+                    "(dataset.items_without_text: fallback)")
     assert prep.dataset.items["title"].tolist() == ["One", "i2", ""] and prep.dataset.items["genres"][2] == "Acme"
 
 
@@ -126,8 +127,8 @@ def test_user_embeddings_mixed_dimension_non_finite_and_missing_users(data_dir, 
     with pytest.raises(DataError) as e:
         _embeddings(data_dir, tmp_path, '{"user_id": "u1", "vector": [1, 2]}\n{"user_id": "u2", "vector": [1]}\n'
                                         '{"user_id": "u3", "vector": [3, 4]}\n')
-    assert str(e.value) == (f"{tmp_path}/emb.jsonl: user embeddings of mixed dimension (2 in 2 rows, 1 in 1 rows; first "
-                            "odd one: row 2, user 'u2'); every vector must have the same length")
+    assert str(e.value) == (f"{tmp_path}/emb.jsonl: user embeddings of mixed dimension (2 in 2 rows, 1 in 1 rows; "
+                            "first odd one: row 2, user 'u2'); every vector must have the same length")
     with pytest.raises(DataError) as e:
         _embeddings(data_dir, tmp_path, "user_id,vector\nu1,1 2\nu2,nan 1\n", name="emb.csv")
     assert str(e.value) == (f"{tmp_path}/emb.csv: 1 user embeddings hold NaN or infinite values (first: row 2, user "
