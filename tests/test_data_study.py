@@ -89,3 +89,12 @@ def test_tiny_study_end_to_end_on_an_amazon_2023_dump(tmp_path, data_dir, mlflow
     parent = MlflowClient().get_run(ctx.parent.run_id)
     assert parent.data.tags[names.TAG_DATASET] == "beauty-synthetic"
     assert parent.data.tags[names.TAG_USER_EMBEDDINGS] == "may include the test period"
+    # what the dataset supplied about users reaches the study's inputs, as the lookup that applies the as_of rule
+    from workbench.study.outputs import inputs_from_context
+
+    inp = inputs_from_context(ctx)
+    assert inp.user_features is None  # the 2023 dump has no user file
+    assert inp.user_embeddings.dim == 4 and inp.user_embeddings.mark == "may include the test period"
+    raw = ctx.dataset.users[names.RAW_USER].tolist()
+    u = raw.index("AE00006XYZ")  # user 6 prefers group 2
+    assert inp.user_embeddings.before([u], [0]).tolist() == [[0, 0, 1, 0]]

@@ -39,6 +39,9 @@ class StudyInputs:
     sid_version: str
     upstream_key: str  # cache key of the semantic-id stage (chains data + embeddings)
     als: Any = None  # the full-train AlsModel (the `als` baseline ranks with its item factors)
+    # what the dataset supplies about users (None where it supplies nothing), for the user-signal sources:
+    user_features: Any = None  # pandas DataFrame, row u = user u: `user` + one column per feature
+    user_embeddings: Any = None  # data.user_embeddings.UserEmbeddings: `.before(users, last_ts)` honours `as_of`
 
 
 def inputs_from_context(ctx) -> StudyInputs:
@@ -53,8 +56,17 @@ def inputs_from_context(ctx) -> StudyInputs:
         interactions=inter, item_texts=item_texts(ctx.dataset.items), encoder=enc, item_codes=ctx.item_codes,
         item_codebooks=tuple(ctx.item_codebooks), dedup_size=int(ctx.dedup_size),
         user_codebooks=tuple(ctx.user_codebooks), sid_version=ctx.sid_version, upstream_key=ctx.keys["semantic_ids"],
-        als=ctx.als,
+        als=ctx.als, user_features=ctx.dataset.user_features, user_embeddings=_user_embeddings(ctx.dataset),
     )
+
+
+def _user_embeddings(dataset):
+    """The dataset's user-embedding table as the lookup that applies the `as_of` rule, or None."""
+    from workbench.data.user_embeddings import UserEmbeddings
+
+    if dataset.user_embeddings is None:
+        return None
+    return UserEmbeddings.from_table(dataset.user_embeddings, dataset.n_users)
 
 
 def train_key(cfg, inp: StudyInputs, method: str, lr: float, seed: int) -> str:
