@@ -62,6 +62,7 @@ def test_a_failed_compute_leaves_no_complete_entry(calls):
 
     with pytest.raises(RuntimeError):
         cached("k", "c", boom, _load)
+    assert not cache_dir("k", "c").joinpath("partial").exists()  # its folder went with it
     assert cached("k", "c", _compute(calls), _load)[2] is False  # recomputed, not a hit on the partial folder
 
 

@@ -5,7 +5,8 @@
 An entry is the folder `data/cache/<kind>/<key>/` (`paths.cache_dir`); `key` is a
 `config.section_hash` of everything the product depends on. The entry counts only once its
 `done.json` exists, and that file is written last and atomically (temp file + rename), so an
-interrupted run never leaves a half entry that looks complete. An entry without a readable
+interrupted run never leaves a half entry that looks complete; a compute that raises takes its folder with it
+(unless it is resumable, below). An entry without a readable
 `done.json` (interrupted, corrupt, or written by hand) is emptied and recomputed. Every hit and
 miss prints one line, so a log says what was reused.
 
@@ -80,7 +81,12 @@ def cached(kind: str, key: str, compute: Callable[[Path], tuple[T, dict]],
         value, info = found if main else _stored_by_rank0(folder, load)
         return value, info, True
     if main or collective:
-        value, info = compute(folder)
+        try:
+            value, info = compute(folder)
+        except BaseException:
+            if main and not resumable:  # nothing half-written stays behind: the next run starts clean
+                shutil.rmtree(folder, ignore_errors=True)
+            raise
     if main:
         mark_done(folder, info)
         say(f"  cache stored {kind}/{key}")

@@ -8,19 +8,18 @@
   amazon.py) reads each file with the config's column map over the format's defaults, `normalize.py` makes
   the tables. They are cached in `data/cache/dataset/<key>/`, the key a hash of the section (but its filters,
   which the data stage applies) and each file's resolved path, size and modification time, so an edited file is
-  read again. A failure leaves no entry behind: every check runs before anything is written, and an entry that
-  did not complete is removed.
+  read again. A failure leaves no entry behind: every check runs before anything is written, and `cached` removes
+  the folder of a compute that raised.
 - `dataset.user_embeddings` (any dataset): read and validated by user_embeddings.py into the tables.
 """
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any, Callable
 
 from workbench import names
-from workbench.cache import cached, read_done
+from workbench.cache import cached
 from workbench.config import section_hash
 from workbench.data import amazon, plain, recbole
 from workbench.data.files import Column, existing, fingerprint
@@ -111,13 +110,5 @@ def load_dataset(cfg, say: Callable[[str], Any] = print) -> tuple[Dataset, dict]
     def load(folder: Path, info: dict):
         return Dataset.load(folder / "tables"), info["report"]
 
-    from workbench.paths import cache_dir
-
-    try:
-        (ds, report), _, _ = cached("dataset", key, compute, load, say=say)
-    except BaseException:
-        folder = cache_dir("dataset", key)
-        if read_done(folder) is None:  # nothing half-written stays: the next run starts clean
-            shutil.rmtree(folder, ignore_errors=True)
-        raise
+    (ds, report), _, _ = cached("dataset", key, compute, load, say=say)  # a failed read leaves no entry
     return ds, report
