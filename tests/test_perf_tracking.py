@@ -123,7 +123,8 @@ def test_report_shows_the_perf_runs(perf):
     assert len(rows) == 5  # side by side, floor float32 + bfloat16, ab, and the failed run
     floor_rows = [r for r in rows if "<td>floor</td>" in r and "FINISHED" in r]
     assert [("<td>float32</td>" in r, "<td>bfloat16</td>" in r) for r in floor_rows] == [(True, False), (False, True)]
-    for mode, (ms, vs, ratio, what) in record.SUMMARY.items():
+    for mode in names.PERF_MODES:  # (trainbench's modes: tests/test_trainbench.py)
+        ms, vs, ratio, what = record.SUMMARY[mode]
         row = next(r for r in rows if f"<td>{mode}</td>" in r and "FINISHED" in r)  # floor: its float32 row
         doc = perf["printed"][mode][0]
         assert what in row and perf["runs"][mode].data.tags[names.TAG_COMMAND] in row
@@ -154,4 +155,8 @@ def test_floor_figure_stacks_what_the_run_printed(perf):
 def test_every_mode_has_a_runner_and_headlines():
     from workbench.perf import microbench
 
-    assert set(microbench.RUNNERS) == set(names.PERF_MODES) == set(record.HEADLINES) == set(record.SUMMARY)
+    from workbench.perf import trainbench
+
+    assert set(microbench.RUNNERS) == set(names.PERF_MODES)
+    assert set(trainbench.RUNNERS) == set(names.TRAIN_PERF_MODES)
+    assert set(names.PERF_MODES + names.TRAIN_PERF_MODES) == set(record.HEADLINES) == set(record.SUMMARY)

@@ -200,3 +200,38 @@ def test_training_threads_bound_numpys_blas_too():
             assert blas and all(n == 1 for n in blas), blas
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("method", ["text_history", "none"])
+def test_both_layouts_give_the_same_losses_and_attended_pairs(method):
+    """The stream-then-blocks layout with `attention.windows_attention` (the default) and the in-order layout under a
+    full mask with transformers' SDPA (`training.attention: sdpa`) give every target the same loss: within 1e-5 in
+    float32 (the per-example test's bound) and, in bfloat16 autocast, within 0.05 nats, ~8 bf16 roundings (2^-8
+    each) of a loss of ~ln(vocab) ~ 4.6 nats. The attended (query, key) pairs counted for FLOPs equal the in-order
+    mask's visible pairs of real tokens."""
+    import torch
+    import torch.nn.functional as F
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from workbench.study.windows import attended_pairs, window_logits
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=LAYOUT.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=256)
+    model = Qwen3ForCausalLM(cfg).eval()
+    ws = WindowBuilder(_builder(method, k=3, m=6), max_tokens=256).epoch(_train(6), Recorder().encoder(),
+                                                                          np.random.default_rng(4))
+    idx = range(len(ws))
+    for bf16, bound in ((False, 1e-5), (True, 0.05)):
+        losses = []
+        for split in (True, False):
+            ids, pos, mask, at, toks, ph, vec = collate(ws, idx, pad_id=0, split_blocks=split)
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                logits = window_logits(model, ids, pos, mask, at, ph, vec, None, windows_attention=split)
+            losses.append(F.cross_entropy(logits.float(), toks, reduction="none"))
+        assert (losses[0] - losses[1]).abs().max().item() < bound
+    _, _, full, *_ = collate(ws, idx, pad_id=0, split_blocks=False)
+    for r, w in enumerate(ws.windows):
+        n = len(w.ids)
+        visible = int(full[r, 0, :n, :n].sum()) if full is not None else n * (n + 1) // 2
+        assert attended_pairs(w) == visible

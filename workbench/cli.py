@@ -1,4 +1,5 @@
-"""`workbench` command line: run | validate | data | serve | microbench | variant-quality | bench | report | engines.
+"""`workbench` command line: run | validate | data | serve | microbench | trainbench | variant-quality | bench | report |
+engines.
 
 Each subcommand imports its module only when called, so `workbench validate` stays instant and
 never imports torch or an engine backend.
@@ -106,7 +107,8 @@ def _cmd_serve(args) -> int:
 
 
 # subcommands that parse their own flags (argparse REMAINDER misses leading --flags): name -> module with main(argv)
-_FORWARDED = {"microbench": "workbench.perf.microbench", "variant-quality": "workbench.perf.variant_quality"}
+_FORWARDED = {"microbench": "workbench.perf.microbench", "variant-quality": "workbench.perf.variant_quality",
+              "trainbench": "workbench.perf.trainbench"}
 
 
 def _forwarded(name: str, rest: list[str]):
@@ -215,6 +217,12 @@ def build_parser() -> argparse.ArgumentParser:
                                           "ratios; one MLflow run in experiment perf); its flags: microbench -h")
     s.add_argument("rest", nargs=argparse.REMAINDER)
     s.set_defaults(func=lambda args: _forwarded("microbench", args.rest)(args))
+
+    s = sub.add_parser("trainbench", help="a study's real training steps timed by phase and op kind, or two training "
+                                          "configurations --ab in alternating rounds (one MLflow run in experiment "
+                                          "perf); its flags: trainbench -h")
+    s.add_argument("rest", nargs=argparse.REMAINDER)
+    s.set_defaults(func=lambda args: _forwarded("trainbench", args.rest)(args))
 
     s = sub.add_parser("variant-quality", help="what bfloat16 / int8 cost in Recall@10 and NDCG@10 on a trained "
                                                "study's test users; its flags: variant-quality -h")

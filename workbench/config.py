@@ -244,6 +244,13 @@ class TrainingConfig(Section):
     # models trained at a time, each in its own process with num_threads // workers threads (study/stages/train.py)
     workers: int = Field(1, ge=1)
     save_every_s: float = Field(600.0, ge=0)  # training seconds between resume saves inside an epoch (0: epoch ends only)
+    # "windows": study/attention.py (text_history's stream causal and only its blocks under a mask; short causal windows
+    # as matmuls); "sdpa": transformers' SDPA over windows in order under a full mask (before 2026-12-04). The same
+    # losses up to rounding.
+    attention: Literal["windows", "sdpa"] = "windows"
+    # "chunked": the full-vocabulary loss in row chunks, the logits not kept (study/lm_loss.py); "full": the [n, vocab]
+    # logits kept and F.cross_entropy (before 2026-12-04). The same loss up to rounding.
+    loss: Literal["chunked", "full"] = "chunked"
 
 
 class MethodsConfig(Section):

@@ -160,6 +160,15 @@ PERF_ENGINE_OVER_FLOOR = "perf/engine_over_matmul_floor"  # median of the paired
 PERF_A_MS = "perf/a_median_ms"
 PERF_B_MS = "perf/b_median_ms"
 PERF_B_OVER_A = "perf/b_over_a_median"  # median of the per-request ratios
+# `workbench trainbench` (perf/trainbench.py): modes train and train_ab
+TRAIN_PERF_MODES = ("train", "train_ab")
+PERF_TRAIN_MS_PER_STEP = "perf/train_ms_per_step"
+PERF_TRAIN_FLOOR_MS_PER_STEP = "perf/train_matmul_floor_ms_per_step"  # the step's FLOPs at the measured matmul rate
+PERF_TRAIN_TARGETS_PER_S = "perf/train_targets_per_s"
+PERF_TRAIN_TOKENS_PER_S = "perf/train_tokens_per_s"
+PERF_TRAIN_MATMUL_SHARE = "perf/train_matmul_share"  # training FLOP/s over the matmul rate measured in the run
+PERF_A_MS_PER_KTARGET = "perf/train_a_ms_per_1k_targets"
+PERF_B_MS_PER_KTARGET = "perf/train_b_ms_per_1k_targets"
 PERF_SAME_BEAMS_SHARE = "perf/same_beams_share"  # requests whose beams were identical on A and B
 
 

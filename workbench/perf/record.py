@@ -43,6 +43,20 @@ HEADLINES: dict[str, dict[str, Callable[[dict], float]]] = {
         names.PERF_ENGINE_OVER_FLOOR: lambda d: d["engine_over_matmul_floor"],
         names.PERF_MATMUL_GFLOPS: lambda d: d["matmul_gflops"],
     },
+    "train": {
+        names.PERF_TRAIN_MS_PER_STEP: lambda d: d["ms_per_step"],
+        names.PERF_TRAIN_FLOOR_MS_PER_STEP: lambda d: d["matmul_floor_ms_per_step"],
+        names.PERF_TRAIN_TARGETS_PER_S: lambda d: d["targets_per_s"],
+        names.PERF_TRAIN_TOKENS_PER_S: lambda d: d["tokens_per_s"],
+        names.PERF_TRAIN_MATMUL_SHARE: lambda d: d["matmul_share"],
+        names.PERF_MATMUL_GFLOPS: lambda d: d["matmul_gflops"],
+    },
+    "train_ab": {
+        names.PERF_A_MS_PER_KTARGET: lambda d: 1e6 / d["a"]["targets_per_s"],
+        names.PERF_B_MS_PER_KTARGET: lambda d: 1e6 / d["b"]["targets_per_s"],
+        names.PERF_B_OVER_A: lambda d: d["ratio_b_over_a"]["median"],
+        names.PERF_TRAIN_MATMUL_SHARE: lambda d: d["b"]["matmul_share"],
+    },
     "ab": {
         names.PERF_A_MS: lambda d: d["a_median_ms"],
         names.PERF_B_MS: lambda d: d["b_median_ms"],
@@ -57,6 +71,10 @@ SUMMARY: dict[str, tuple[str, str, str, str]] = {
     "floor": (names.PERF_ENGINE_MS, names.PERF_MATMUL_FLOOR_MS, names.PERF_ENGINE_OVER_FLOOR,
               "engine / matmul floor (median request, paired)"),
     "ab": (names.PERF_B_MS, names.PERF_A_MS, names.PERF_B_OVER_A, "B / A per request (median)"),
+    "train": (names.PERF_TRAIN_MS_PER_STEP, names.PERF_TRAIN_FLOOR_MS_PER_STEP, names.PERF_TRAIN_MATMUL_SHARE,
+              "training step, its matmul floor, the share of the matmul rate"),
+    "train_ab": (names.PERF_B_MS_PER_KTARGET, names.PERF_A_MS_PER_KTARGET, names.PERF_B_OVER_A,
+                 "B / A training time per item target (median of rounds)"),
 }
 ARTIFACT = "perf.json"  # {"mode", "command", "results": [the JSON documents printed, in order]}
 _NOT_PARAMS = ("tracking_uri", "no_track")  # where the run goes is not what it measured (and a URI may hold a secret)
@@ -81,8 +99,8 @@ def headline(mode: str, doc: dict) -> dict[str, float]:
     return out
 
 
-def command_line(argv: list[str]) -> str:
-    return " ".join(["workbench", "microbench", *argv])
+def command_line(argv: list[str], sub: str = "microbench") -> str:
+    return " ".join(["workbench", sub, *argv])
 
 
 class Recorder:
@@ -106,7 +124,7 @@ class Recorder:
 
 
 def _result_tags(mode: str, docs: list[dict]) -> dict[str, str]:
-    if mode == "ab":
+    if mode == "ab":  # (train_ab names its two sides' dtypes in its own "dtype")
         (d,) = docs
         opts = {s: ",".join(f"{k}={v}" for k, v in d[s].items()) or "defaults" for s in ("a", "b")}
         return {names.TAG_DTYPE: " vs ".join(str(d[s].get("dtype", "")) for s in ("a", "b")),
@@ -116,9 +134,11 @@ def _result_tags(mode: str, docs: list[dict]) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def perf_run(args: argparse.Namespace, argv: list[str], mode: str, threads: int) -> Iterator[Recorder]:
-    """One MLflow run around a microbench invocation (module doc); FAILED with the error kept if it raises."""
-    command = command_line(argv)
+def perf_run(args: argparse.Namespace, argv: list[str], mode: str, threads: int,
+             sub: str = "microbench") -> Iterator[Recorder]:
+    """One MLflow run around a `workbench <sub>` invocation (microbench, trainbench; module doc); FAILED with the
+    error kept if it raises."""
+    command = command_line(argv, sub)
     if args.no_track:
         yield Recorder(None, mode, command)
         return

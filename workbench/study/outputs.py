@@ -15,15 +15,23 @@ Read what it produced (a load test's `trained:<method>` checkpoints and `prompts
 Measure quality the way the study does (a faster engine variant against float32, `perf/variant_quality.py`):
 `beam_rank` through an engine on `device_options()`, `Quality` of the lists, `compare` of two Qualities.
 A checkpoint or prompts the study has not produced raise `StudyError`.
+
+Time the study's own training steps (`perf/trainbench.py`): `training_run(cfg, inputs, method, seed, folder)` is a
+started run whose `optimizer_step(batch, mark)` the caller drives; `training_threads(cfg)` is what one training
+worker of the study gets, `set_threads(n)` sets torch's and numpy's thread counts.
 """
 
 from __future__ import annotations
 
 from workbench.study.evaluate import Quality, beam_rank, compare, device_options
-from workbench.study.inputs import StudyError, StudyInputs, inputs_from_context, study_test_prompts, trained_checkpoint
+from workbench.study.inputs import (StudyError, StudyInputs, inputs_from_context, set_threads, study_test_prompts,
+                                    trained_checkpoint)
 from workbench.study.pipeline import prepare_context, resolve_stages, run_experiment
+from workbench.study.stages.train import threads_per_worker as training_threads
+from workbench.study.stages.train import training_run
 
 __all__ = [
     "Quality", "StudyError", "StudyInputs", "beam_rank", "compare", "device_options", "inputs_from_context",
-    "prepare_context", "resolve_stages", "run_experiment", "study_test_prompts", "trained_checkpoint",
+    "prepare_context", "resolve_stages", "run_experiment", "set_threads", "study_test_prompts", "trained_checkpoint",
+    "training_run", "training_threads",
 ]  # fmt: skip

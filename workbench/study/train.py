@@ -69,6 +69,8 @@ class TrainSettings:
     grad_clip: float = 1.0
     progress: bool = True
     save_every_s: float = 600.0  # training seconds between saves inside an epoch (0: only at epoch ends)
+    attention: str = "windows"  # "windows" (study/attention.py) | "sdpa" (transformers' SDPA, windows in order)
+    loss: str = "chunked"  # "chunked" (study/lm_loss.py) | "full" (the [n, vocab] logits kept, F.cross_entropy)
 
 
 @dataclass
@@ -161,43 +163,74 @@ def validate(loaded, valid_set, beam_width: int, progress: bool) -> dict[str, fl
 class _Step:
     """Forward + backward of one batch; counts tokens and FLOPs."""
 
-    def __init__(self, model, projector, pad_id: int, vocab: int, device: str = "cpu"):
+    def __init__(self, model, projector, pad_id: int, vocab: int, device: str = "cpu", attention: str = "windows",
+                 loss: str = "chunked"):
         self.model, self.projector, self.pad_id, self.vocab, self.device = model, projector, pad_id, vocab, device
+        self.windows_attention, self.chunked_loss = attention == "windows", loss == "chunked"
+        head = model.get_output_embeddings()
+        if self.chunked_loss and getattr(head, "bias", None) is not None:
+            raise ValueError("training.loss: chunked needs an LM head without bias; set training.loss: full")
 
-    def loss(self, ws, idx, bf16: bool):
+    def collate(self, ws, idx):
+        """The batch's tensors (`windows.collate`), on this step's device."""
+        from workbench.study.windows import collate
+
+        batch = collate(ws, idx, self.pad_id, split_blocks=self.windows_attention)
+        if self.device != "cpu":  # a GPU rank (dist.device)
+            ids, pos, mask, at, toks, ph, vec = batch
+            ids, pos, mask, toks, ph, vec = (None if t is None else t.to(self.device)
+                                             for t in (ids, pos, mask, toks, ph, vec))
+            batch = ids, pos, mask, tuple(t.to(self.device) for t in at), toks, ph, vec
+        return batch
+
+    def forward(self, batch, ws, idx, bf16: bool):
+        """Loss of the collated batch `idx` of `ws` and its counts: (loss, tokens, logit rows, attended keys)."""
         import torch
         import torch.nn.functional as F
 
-        from workbench.study.windows import collate, window_logits
+        from workbench.study.lm_loss import chunked_lm_loss
+        from workbench.study.windows import attended_pairs, window_hidden
 
-        ids, pos, mask, at, toks, ph, vec = collate(ws, idx, self.pad_id)
-        if self.device != "cpu":  # a GPU rank (dist.device)
-            ids, pos, mask, toks, ph, vec = (None if t is None else t.to(self.device)
-                                             for t in (ids, pos, mask, toks, ph, vec))
-            at = tuple(t.to(self.device) for t in at)
+        ids, pos, mask, at, toks, ph, vec = batch
         with torch.autocast(torch.device(self.device).type, dtype=torch.bfloat16, enabled=bf16):
-            logits = window_logits(self.model, ids, pos, mask, at, ph, vec, self.projector)
-        loss = F.cross_entropy(logits.float(), toks)
-        lengths = [len(ws.windows[int(i)].ids) for i in idx]
-        if mask is not None:
-            keys = int(mask.sum())
+            hs = window_hidden(self.model, ids, pos, mask, at, ph, vec, self.projector, self.windows_attention)
+            if not self.chunked_loss:
+                logits = self.model.get_output_embeddings()(hs)
+        if self.chunked_loss:  # the same function, without keeping the [n, vocab] logits (lm_loss.py)
+            head = self.model.get_output_embeddings()
+            loss = chunked_lm_loss(hs, head.weight, toks, torch.bfloat16 if bf16 else head.weight.dtype)
         else:
-            keys = sum(n * (n + 1) // 2 for n in lengths)
-        return loss, sum(lengths), len(toks), keys
+            loss = F.cross_entropy(logits.float(), toks)
+        wins = [ws.windows[int(i)] for i in idx]
+        return loss, sum(len(w.ids) for w in wins), len(toks), sum(attended_pairs(w) for w in wins)
 
-    def backward(self, ws, idx, bf16: bool, params) -> tuple[float, int, int, int]:
+    def loss(self, ws, idx, bf16: bool):
+        """Loss of batch `idx` of `ws` and its counts (collate + forward)."""
+        return self.forward(self.collate(ws, idx), ws, idx, bf16)
+
+    def backward(self, ws, idx, bf16: bool, params, mark=None) -> tuple[float, int, int, int]:
         """Loss and gradients (into `.grad`) of batch `idx`: (loss, tokens, logit rows, attended keys).
 
         With several ranks each takes every size-th window of the batch (`dist.shard`). One process's loss
         is the mean over the batch's n SID-token targets; a rank whose windows hold n_r of them weights its
         own mean by n_r / n, so the ranks' losses, and their gradients, add up to the batch's. Gradients and
-        counts are then summed over the ranks: every rank holds one process's numbers, up to rounding."""
+        counts are then summed over the ranks: every rank holds one process's numbers, up to rounding.
+        `mark(phase)`, if given, is called as each phase ends (collate, forward, backward; one process only):
+        what `workbench trainbench` times."""
         from workbench import dist
 
         if dist.world().size == 1:
-            loss, n_tok, n_logit, keys = self.loss(ws, idx, bf16)
+            batch = self.collate(ws, idx)
+            if mark:
+                mark("collate")
+            loss, n_tok, n_logit, keys = self.forward(batch, ws, idx, bf16)
+            if mark:
+                mark("forward")
             loss.backward()
-            return float(loss.detach()), n_tok, n_logit, keys
+            lv = float(loss.detach())
+            if mark:
+                mark("backward")
+            return lv, n_tok, n_logit, keys
         import torch
 
         mine = dist.shard(idx)
@@ -284,14 +317,23 @@ def train_model(backbone, windows: Callable[[np.random.Generator], object], vali
     and go on from the last save, if any (`start`); per epoch, train its batches (`train_epoch`, saving
     inside it every `save_every_s`), then validate, keep the best and decide whether to stop
     (`validate_epoch`, saving after it); finally write the best checkpoint (`finish`)."""
-    run = _Training(backbone, windows, valid_set, item_codes, Path(out_dir), st, sid_version, user_dim, log_fn)
-    run.start()
+    run = start_training(backbone, windows, valid_set, item_codes, out_dir, st, sid_version, user_dim, log_fn)
     for epoch in range(run.first_epoch, st.epochs):
         if run.stopped:
             break
         run.train_epoch(epoch)
         run.validate_epoch(epoch)
     return run.finish()
+
+
+def start_training(backbone, windows: Callable[[np.random.Generator], object], valid_set, item_codes: np.ndarray,
+                   out_dir: Path, st: TrainSettings, sid_version: str = "", user_dim: int | None = None,
+                   log_fn: Callable[[dict, int], None] | None = None) -> "_Training":
+    """A training run set up and started (`_Training.start`: dtype picked, a save resumed): `train_model` runs its
+    epochs; `workbench trainbench` drives its `optimizer_step` itself."""
+    run = _Training(backbone, windows, valid_set, item_codes, Path(out_dir), st, sid_version, user_dim, log_fn)
+    run.start()
+    return run
 
 
 class _Training:
@@ -329,7 +371,7 @@ class _Training:
         self.params = [p for g in self.groups for p in g["params"]]
         self.opt = torch.optim.AdamW(self.groups, lr=st.lr, weight_decay=st.weight_decay, betas=(0.9, 0.98))
         self.step_fn = _Step(self.model, self.projector, int(backbone.tokenizer.pad_token_id or 0),
-                             int(self.model.config.vocab_size), self.device)
+                             int(self.model.config.vocab_size), self.device, st.attention, st.loss)
         n = len(self.batches) * st.epochs
         self.total = n if st.max_steps is None else min(st.max_steps, n)
         warmup = int(st.warmup_ratio * self.total)
@@ -439,7 +481,7 @@ class _Training:
         for b, idx in enumerate(bar, done + 1):
             if self.step >= self.total:
                 break
-            bar.set_postfix(loss=f"{self._optimizer_step(idx):.3f}")
+            bar.set_postfix(loss=f"{self.optimizer_step(idx):.3f}")
             now = time.perf_counter()
             if st.save_every_s and now - last_save >= st.save_every_s and b < len(self.batches) and self.main:
                 self.train_s += now - te  # the training time up to this save counts once, whatever happens next
@@ -449,24 +491,35 @@ class _Training:
         bar.close()
         self.train_s += time.perf_counter() - te
 
-    def _optimizer_step(self, idx) -> float:
-        """Forward, backward, clip and one AdamW + schedule step on batch `idx`; returns its loss."""
+    def optimizer_step(self, idx, mark=None) -> float:
+        """Forward, backward, clip and one AdamW + schedule step on batch `idx`; returns its loss. `mark(phase)`:
+        called as each phase ends (`_Step.backward`'s, then "optimizer")."""
+        self.opt.zero_grad(set_to_none=True)
+        lv, n_tok, n_logit, keys = self.step_fn.backward(self.ws, idx, self.use_bf16, self.params, mark)
+        self.update()
+        if mark:
+            mark("optimizer")
+        self.count(lv, n_tok, n_logit, keys)
+        return lv
+
+    def update(self) -> None:
+        """Clip the gradients, one AdamW step, one schedule step."""
         import torch
 
-        from workbench.study.flops import train_flops
-
-        self.opt.zero_grad(set_to_none=True)
-        lv, n_tok, n_logit, keys = self.step_fn.backward(self.ws, idx, self.use_bf16, self.params)
         torch.nn.utils.clip_grad_norm_(self.params, self.st.grad_clip)
         self.opt.step()
         self.sched.step()
+
+    def count(self, lv: float, n_tok: int, n_logit: int, keys: int) -> None:
+        """One optimizer step's counters (steps, tokens, FLOPs, the epoch's loss) and its logged loss."""
+        from workbench.study.flops import train_flops
+
         self.step += 1
         self.tokens += n_tok
         self.flops += train_flops(self.model.config, n_tok, n_logit, self.step_fn.vocab, keys)
         self.loss_sum, self.n_batches = self.loss_sum + lv, self.n_batches + 1
         if self.log_fn and self.step % 20 == 0:
             self.log_fn({names.TRAIN_LOSS: lv, "train/lr": self.sched.get_last_lr()[0]}, self.step)
-        return lv
 
     def validate_epoch(self, epoch: int) -> None:
         """Validate the epoch's weights, log them, keep them if best, decide whether to stop, save."""

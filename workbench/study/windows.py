@@ -30,6 +30,7 @@ of signal.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -94,6 +95,20 @@ class WindowSet:
     @property
     def n_loss_tokens(self) -> int:
         return int(sum(len(w.loss_tok) for w in self.windows))
+
+
+def attended_pairs(w: Window) -> int:
+    """(query, key) pairs a window's tokens attend, whatever the layout (`collate`): every stream token the stream up
+    to itself, every block token the stream before it and its own block up to itself (FLOPs, `flops.py`)."""
+    n = len(w.ids)
+    if w.blocks is None:
+        return n * (n + 1) // 2
+    blk = w.blocks.astype(np.int64)
+    stream_upto = np.cumsum(blk == -1)  # stream tokens at or before each position
+    starts = np.flatnonzero(np.r_[True, blk[1:] != blk[:-1]])  # a block is one run of tokens (methods lay them so)
+    run_start = starts[np.searchsorted(starts, np.arange(n), side="right") - 1]
+    own = np.where(blk >= 0, np.arange(n) - run_start + 1, 0)  # its block's tokens up to itself
+    return int(np.where(blk >= 0, stream_upto + own, stream_upto).sum())
 
 
 def tile(n: int, ctx: int, rng: np.random.Generator, fits=None) -> list[tuple[int, int]]:
@@ -192,33 +207,43 @@ def target_batches(targets: np.ndarray, lengths: np.ndarray, batch_targets: int,
     return batches
 
 
-def collate(ws: WindowSet, idx: Sequence[int], pad_id: int):
-    """Tensors of one batch: ids [B, L], positions [B, L] or None, a [B, 1, L, L] bool attention mask
-    or None (plain causal, right padding), loss rows (batch, position) and tokens, placeholder
-    positions [B] (-1: none) and user vectors [B, dim] or None."""
+def collate(ws: WindowSet, idx: Sequence[int], pad_id: int, split_blocks: bool = True):
+    """Tensors of one batch: ids [B, L], positions [B, L] or None, a bool attention mask or None (plain causal,
+    right padding), loss rows (batch, position) and tokens, placeholder positions [B] (-1: none) and user vectors
+    [B, dim] or None.
+
+    Windows with blocks (text_history) come in one of two layouts (`attention.py`): `split_blocks` (the default)
+    puts each window's shared stream first (padded to the batch's longest stream) and its blocks after it, with a
+    [B, 1, R, L] mask for the R block rows only; otherwise the tokens stay in order under a [B, 1, L, L] mask.
+    Positions are the windows' own in both: every token sees the same keys at the same positions."""
     import torch
 
     wins = [ws.windows[int(i)] for i in idx]
-    B, L = len(wins), max(len(w.ids) for w in wins)
-    ids = torch.full((B, L), pad_id, dtype=torch.long)
-    for r, w in enumerate(wins):
-        ids[r, : len(w.ids)] = torch.from_numpy(w.ids)
-    positions = mask = None
-    if any(w.blocks is not None for w in wins):
-        positions = torch.zeros((B, L), dtype=torch.long)
-        mask = torch.zeros((B, 1, L, L), dtype=torch.bool)
+    B = len(wins)
+    blocked = any(w.blocks is not None for w in wins)
+    if blocked and split_blocks:
+        ids, positions, mask, cols = _split_layout(wins, pad_id)
+    else:
+        L = max(len(w.ids) for w in wins)
+        ids = torch.full((B, L), pad_id, dtype=torch.long)
         for r, w in enumerate(wins):
-            n = len(w.ids)
-            pos = torch.arange(n) if w.positions is None else torch.from_numpy(w.positions).long()
-            blk = torch.full((n,), -1) if w.blocks is None else torch.from_numpy(w.blocks).long()
-            positions[r, :n] = pos
-            positions[r, n:] = pos[-1] + 1 + torch.arange(L - n)
-            causal = torch.tril(torch.ones(n, n, dtype=torch.bool))
-            visible = (blk[None, :] == -1) | (blk[None, :] == blk[:, None])  # [q, k]
-            mask[r, 0, :n, :n] = causal & visible
-            mask[r, 0, n:, :] = torch.eye(L, dtype=torch.bool)[n:]  # padding rows attend to themselves
+            ids[r, : len(w.ids)] = torch.from_numpy(w.ids)
+        positions = mask = None
+        if blocked:
+            positions = torch.zeros((B, L), dtype=torch.long)
+            mask = torch.zeros((B, 1, L, L), dtype=torch.bool)
+            for r, w in enumerate(wins):
+                n = len(w.ids)
+                pos = torch.arange(n) if w.positions is None else torch.from_numpy(w.positions).long()
+                blk = torch.full((n,), -1) if w.blocks is None else torch.from_numpy(w.blocks).long()
+                positions[r, :n] = pos
+                positions[r, n:] = pos[-1] + 1 + torch.arange(L - n)
+                causal = torch.tril(torch.ones(n, n, dtype=torch.bool))
+                visible = (blk[None, :] == -1) | (blk[None, :] == blk[:, None])  # [q, k]
+                mask[r, 0, :n, :n] = causal & visible
+                mask[r, 0, n:, :] = torch.eye(L, dtype=torch.bool)[n:]  # padding rows attend to themselves
+        cols = torch.from_numpy(np.concatenate([w.loss_pos for w in wins]).astype(np.int64))
     rows = torch.from_numpy(np.repeat(np.arange(B), [len(w.loss_pos) for w in wins]))
-    cols = torch.from_numpy(np.concatenate([w.loss_pos for w in wins]).astype(np.int64))
     toks = torch.from_numpy(np.concatenate([w.loss_tok for w in wins]).astype(np.int64))
     ph = torch.tensor([-1 if w.placeholder_pos is None else w.placeholder_pos for w in wins])
     vec = None
@@ -227,9 +252,61 @@ def collate(ws: WindowSet, idx: Sequence[int], pad_id: int):
     return ids, positions, mask, (rows, cols), toks, ph, vec
 
 
-def window_logits(model, ids, positions, mask, loss_at, placeholder_pos=None, user_vectors=None, projector=None):
-    """Logits [n_loss, vocab] at the loss positions of a collated batch (soft token injected)."""
+def _split_layout(wins: list[Window], pad_id: int):
+    """The stream-then-blocks layout of `collate`: ids, positions, the [B, 1, R, L] block mask, and where each loss
+    position went (the new column of every window's loss positions, in order)."""
     import torch
+
+    parts = []
+    for w in wins:
+        n = len(w.ids)
+        blk = np.full(n, -1, dtype=np.int64) if w.blocks is None else w.blocks.astype(np.int64)
+        parts.append((np.flatnonzero(blk == -1), np.flatnonzero(blk >= 0), blk))
+    S = max(len(st) for st, _, _ in parts)
+    R = max(max(len(bk) for _, bk, _ in parts), 1)
+    L = S + R
+    ids = np.full((len(wins), L), pad_id, dtype=np.int64)
+    positions = np.zeros((len(wins), L), dtype=np.int64)
+    mask = np.zeros((len(wins), 1, R, L), dtype=bool)
+    cols = []
+    for r, (w, (st, bk, blk)) in enumerate(zip(wins, parts)):
+        pos = np.arange(len(w.ids)) if w.positions is None else w.positions.astype(np.int64)
+        new_at = np.empty(len(w.ids), dtype=np.int64)  # original index -> column
+        new_at[st], new_at[bk] = np.arange(len(st)), S + np.arange(len(bk))
+        ids[r, new_at] = w.ids
+        positions[r, new_at] = pos
+        top = pos.max() + 1
+        positions[r, len(st):S] = top + np.arange(S - len(st))  # stream padding: after the stream, seen by no one
+        positions[r, S + len(bk):] = top + np.arange(R - len(bk))
+        # block row q (original index bk[q], block blk[bk[q]]) sees the stream before it and its own block up to it
+        key_orig = np.full(L, np.iinfo(np.int64).max)
+        key_orig[new_at] = np.arange(len(w.ids))
+        key_blk = np.full(L, -2)
+        key_blk[new_at] = blk
+        q_orig, q_blk = bk[:, None], blk[bk][:, None]
+        mask[r, 0, : len(bk)] = (key_orig[None, :] <= q_orig) & ((key_blk[None, :] == -1) | (key_blk[None, :] == q_blk))
+        mask[r, 0, len(bk):, 0] = True  # padding rows see key 0 (their outputs are never read)
+        cols.append(new_at[w.loss_pos.astype(np.int64)])
+    return (torch.from_numpy(ids), torch.from_numpy(positions), torch.from_numpy(mask),
+            torch.from_numpy(np.concatenate(cols)))
+
+
+def window_logits(model, ids, positions, mask, loss_at, placeholder_pos=None, user_vectors=None, projector=None,
+                  windows_attention: bool = True):
+    """Logits [n_loss, vocab] at the loss positions of a collated batch (soft token injected): `window_hidden`
+    through the LM head."""
+    hs = window_hidden(model, ids, positions, mask, loss_at, placeholder_pos, user_vectors, projector, windows_attention)
+    return model.get_output_embeddings()(hs)
+
+
+def window_hidden(model, ids, positions, mask, loss_at, placeholder_pos=None, user_vectors=None, projector=None,
+                  windows_attention: bool = True):
+    """The last hidden states [n_loss, H] at the loss positions of a collated batch (soft token injected).
+    `windows_attention`: through `attention.windows_attention` (the batch collated with `split_blocks`), else the
+    model's own attention."""
+    import torch
+
+    from workbench.study.attention import additive_mask, windows_attention_on
 
     emb = model.get_input_embeddings()(ids)  # [B, L, H]
     if projector is not None and user_vectors is not None:
@@ -237,6 +314,9 @@ def window_logits(model, ids, positions, mask, loss_at, placeholder_pos=None, us
         soft = projector(user_vectors[rows]).to(emb.dtype)  # [b, H]
         emb = emb.index_put((rows, placeholder_pos[rows]), soft)
     # plain windows are right-padded and causal: no real position sees a pad, so no mask is needed
-    h = model.base_model(inputs_embeds=emb, attention_mask=mask, position_ids=positions).last_hidden_state
-    hs = h[loss_at[0], loss_at[1]]  # [n_loss, H]
-    return model.get_output_embeddings()(hs)
+    if windows_attention:
+        on = torch.is_autocast_enabled(emb.device.type)
+        mask = additive_mask(mask, torch.get_autocast_dtype(emb.device.type) if on else emb.dtype)
+    with windows_attention_on(model) if windows_attention else contextlib.nullcontext():
+        h = model.base_model(inputs_embeds=emb, attention_mask=mask, position_ids=positions).last_hidden_state
+    return h[loss_at[0], loss_at[1]]  # [n_loss, H]

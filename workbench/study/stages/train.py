@@ -17,7 +17,7 @@ all ranks compute together (`cached(..., collective=True)`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -78,8 +78,19 @@ def train_one(cfg, inp: StudyInputs, method: str, seed: int, lr: float, log_fn=N
 
 
 def _train(cfg, inp: StudyInputs, method: str, seed: int, lr: float, folder: Path, log_fn):
+    from workbench.study.train import train_model
+
+    t = training_parts(cfg, inp, method, seed, lr)
+    return train_model(t.backbone, t.windows, t.valid_set, t.item_codes, folder, t.settings, t.sid_version, t.user_dim,
+                       log_fn=log_fn)
+
+
+def training_parts(cfg, inp: StudyInputs, method: str, seed: int, lr: float, say_windows: bool = True):
+    """What `train_model` trains for one (method, seed, lr): backbone, windows(rng), validation set, item codes,
+    settings, SID version and user vector size. The one place the study and `workbench trainbench` build a
+    training run from a config."""
     from workbench.study.prompts import eval_examples
-    from workbench.study.train import TrainSettings, train_model
+    from workbench.study.train import TrainSettings
     from workbench.study.windows import WindowBuilder
 
     bb = new_backbone(cfg, inp, seed)
@@ -90,13 +101,33 @@ def _train(cfg, inp: StudyInputs, method: str, seed: int, lr: float, folder: Pat
 
     def windows(rng):
         ws = wb.epoch(inp.interactions.train, inp.encoder, rng)
-        say(f"  {method} seed={seed} lr={lr:g}: {len(ws)} windows, {ws.n_targets} item targets, "
-             f"{int(ws.lengths().sum())} tokens (mean window {ws.lengths().mean():.0f})")
+        if say_windows:
+            say(f"  {method} seed={seed} lr={lr:g}: {len(ws)} windows, {ws.n_targets} item targets, "
+                f"{int(ws.lengths().sum())} tokens (mean window {ws.lengths().mean():.0f})")
         return ws
 
-    return train_model(bb, windows, valid_set, inp.item_codes, folder, st, sid_version=inp.sid_version,
-                       user_dim=inp.encoder.dim if methods.get(method).signal == methods.VECTOR else None,
-                       log_fn=log_fn)
+    user_dim = inp.encoder.dim if methods.get(method).signal == methods.VECTOR else None
+    return TrainingParts(bb, windows, valid_set, inp.item_codes, st, inp.sid_version, user_dim)
+
+
+def training_run(cfg, inp: StudyInputs, method: str, seed: int, folder: Path):
+    """A started training run of (method, seed, the grid's first LR) whose steps the caller drives (`workbench
+    trainbench`): the study's backbone, first-epoch windows, batches, optimizer and step; nothing cached."""
+    from workbench.study.train import start_training
+
+    t = training_parts(cfg, inp, method, seed, float(cfg.training.lr_grid[0]), say_windows=False)
+    return start_training(t.backbone, t.windows, t.valid_set, t.item_codes, folder, t.settings, t.sid_version,
+                          t.user_dim)
+
+
+class TrainingParts(NamedTuple):
+    backbone: Any
+    windows: Callable
+    valid_set: Any
+    item_codes: np.ndarray
+    settings: Any
+    sid_version: str
+    user_dim: int | None
 
 
 def train_stage(ctx, build_inputs: Callable[[Any], StudyInputs] | None = None) -> dict:

@@ -1,0 +1,75 @@
+"""study/lm_loss.py: the chunked full-vocabulary loss equals F.cross_entropy over the kept logits."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+
+def _case(n=700, hidden=48, vocab=530, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, hidden, generator=g), torch.randn(vocab, hidden, generator=g) * 0.2,
+            torch.randint(0, vocab, (n,), generator=g))
+
+
+def _grads(fn, h, w, t):
+    h, w = h.clone().requires_grad_(), w.clone().requires_grad_()
+    loss = fn(h, w, t)
+    loss.backward()
+    return loss.detach(), h.grad, w.grad
+
+
+def _plain(dtype):
+    import torch.nn.functional as F
+
+    def fn(h, w, t):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            logits = h @ w.T
+        return F.cross_entropy(logits.float(), t)
+
+    return fn
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_loss_and_gradients_equal_the_plain_path(monkeypatch, dtype):
+    """Bounds. float32: the two differ only in the order of float32 sums (log-sum-exp vs log-softmax, chunked vs
+    whole matmuls), far under 1e-5 relative (~170 float32 roundings). bfloat16: the logits are the same bf16 matmul
+    in both; the gradients go through bf16 in both, the chunked weight gradient as a float32 sum of per-chunk bf16
+    products instead of one bf16 product, so an entry may differ by ~2 bf16 roundings (2 x 2^-8 of the largest
+    entry): bound 2^-7 of the largest gradient entry; the loss by less than one bf16 rounding of the largest logit."""
+    from workbench.study import lm_loss
+
+    monkeypatch.setattr(lm_loss, "CHUNK_ROWS", 128)  # 700 rows: five full chunks and a partial one
+    h, w, t = _case()
+    a = _grads(_plain(dtype), h, w, t)
+    b = _grads(lambda h, w, t: lm_loss.chunked_lm_loss(h, w, t, dtype), h, w, t)
+    if dtype == torch.float32:
+        assert abs(float(a[0] - b[0])) <= 1e-5 * abs(float(a[0]))
+        for ga, gb in zip(a[1:], b[1:]):
+            assert float((ga - gb).abs().max()) <= 1e-5 * float(ga.abs().max())
+    else:
+        logit_max = float((h @ w.T).abs().max())
+        assert abs(float(a[0] - b[0])) <= 2**-8 * logit_max
+        for ga, gb in zip(a[1:], b[1:]):
+            assert float((ga - gb).abs().max()) <= 2**-7 * float(ga.abs().max())
+    assert b[1].dtype == h.dtype and b[2].dtype == w.dtype
+
+
+def test_a_training_step_with_either_loss_gives_the_same_loss():
+    """The study's step (`_Step.forward`) with `training.loss: chunked` and `full` on the same batch: the same loss
+    within 1e-5 (float32)."""
+    import numpy as np
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from tests.test_windows import LAYOUT, Recorder, _builder, _train
+    from workbench.study.train import _Step
+    from workbench.study.windows import WindowBuilder
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=LAYOUT.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=256)
+    model = Qwen3ForCausalLM(cfg)
+    ws = WindowBuilder(_builder("text_history", k=3, m=6), max_tokens=256).epoch(_train(6), Recorder().encoder(),
+                                                                                np.random.default_rng(4))
+    losses = [float(_Step(model, None, 0, cfg.vocab_size, loss=kind).loss(ws, range(len(ws)), False)[0])
+              for kind in ("chunked", "full")]
+    assert abs(losses[0] - losses[1]) <= 1e-5 * abs(losses[1])
