@@ -251,6 +251,9 @@ class TrainingConfig(Section):
     # "chunked": the full-vocabulary loss in row chunks, the logits not kept (study/lm_loss.py); "full": the [n, vocab]
     # logits kept and F.cross_entropy (before 2026-12-04). The same loss up to rounding.
     loss: Literal["chunked", "full"] = "chunked"
+    # the backbone's training steps through torch.compile (dynamic shapes; ~40 s to compile per model; the weights and
+    # checkpoints are the model's own). Off by default: the tests train many tiny models; the ML-1M files turn it on.
+    compile: bool = False
 
 
 class MethodsConfig(Section):

@@ -71,6 +71,7 @@ class TrainSettings:
     save_every_s: float = 600.0  # training seconds between saves inside an epoch (0: only at epoch ends)
     attention: str = "windows"  # "windows" (study/attention.py) | "sdpa" (transformers' SDPA, windows in order)
     loss: str = "chunked"  # "chunked" (study/lm_loss.py) | "full" (the [n, vocab] logits kept, F.cross_entropy)
+    compile: bool = False  # the backbone's training forward (and so backward) through torch.compile
 
 
 @dataclass
@@ -167,9 +168,17 @@ class _Step:
                  loss: str = "chunked"):
         self.model, self.projector, self.pad_id, self.vocab, self.device = model, projector, pad_id, vocab, device
         self.windows_attention, self.chunked_loss = attention == "windows", loss == "chunked"
+        self.backbone = None  # model.base_model itself; `compile_backbone` puts a compiled wrapper here
         head = model.get_output_embeddings()
         if self.chunked_loss and getattr(head, "bias", None) is not None:
             raise ValueError("training.loss: chunked needs an LM head without bias; set training.loss: full")
+
+    def compile_backbone(self) -> None:
+        """Run the backbone through `torch.compile` (dynamic shapes: windows and batches vary in length) from the
+        next step on: the model's own modules and weights stay as they are (checkpoints, resume.pt, validation)."""
+        import torch
+
+        self.backbone = torch.compile(self.model.base_model, dynamic=True)
 
     def collate(self, ws, idx):
         """The batch's tensors (`windows.collate`), on this step's device."""
@@ -193,7 +202,8 @@ class _Step:
 
         ids, pos, mask, at, toks, ph, vec = batch
         with torch.autocast(torch.device(self.device).type, dtype=torch.bfloat16, enabled=bf16):
-            hs = window_hidden(self.model, ids, pos, mask, at, ph, vec, self.projector, self.windows_attention)
+            hs = window_hidden(self.model, ids, pos, mask, at, ph, vec, self.projector, self.windows_attention,
+                               self.backbone)
             if not self.chunked_loss:
                 logits = self.model.get_output_embeddings()(hs)
         if self.chunked_loss:  # the same function, without keeping the [n, vocab] logits (lm_loss.py)
@@ -402,6 +412,8 @@ class _Training:
         else:  # measured on rank 0 and taken by all: the ranks must compute alike
             choice = choose_bf16(self.st.bf16, self.step_fn, self.ws, self.batches[0]) if self.main else None
             self.use_bf16, self.bf16_info = dist.broadcast(choice)
+        if self.st.compile:  # after the dtype's timed steps: those time the steps, not a compilation
+            self.step_fn.compile_backbone()
         self.peak = matmul_gflops("bfloat16" if self.use_bf16 else "float32", seconds=0.5) * 1e9
         self.meta = make_meta(self.method, self.layout, self.sid_version, self.backbone.name,
                               methods.get(self.method).layout, self.user_dim,

@@ -300,10 +300,10 @@ def window_logits(model, ids, positions, mask, loss_at, placeholder_pos=None, us
 
 
 def window_hidden(model, ids, positions, mask, loss_at, placeholder_pos=None, user_vectors=None, projector=None,
-                  windows_attention: bool = True):
+                  windows_attention: bool = True, backbone=None):
     """The last hidden states [n_loss, H] at the loss positions of a collated batch (soft token injected).
     `windows_attention`: through `attention.windows_attention` (the batch collated with `split_blocks`), else the
-    model's own attention."""
+    model's own attention. `backbone`: what runs `model.base_model` (e.g. a compiled wrapper of it; default itself)."""
     import torch
 
     from workbench.study.attention import additive_mask, windows_attention_on
@@ -318,5 +318,5 @@ def window_hidden(model, ids, positions, mask, loss_at, placeholder_pos=None, us
         on = torch.is_autocast_enabled(emb.device.type)
         mask = additive_mask(mask, torch.get_autocast_dtype(emb.device.type) if on else emb.dtype)
     with windows_attention_on(model) if windows_attention else contextlib.nullcontext():
-        h = model.base_model(inputs_embeds=emb, attention_mask=mask, position_ids=positions).last_hidden_state
+        h = (model.base_model if backbone is None else backbone)(inputs_embeds=emb, attention_mask=mask, position_ids=positions).last_hidden_state
     return h[loss_at[0], loss_at[1]]  # [n_loss, H]
