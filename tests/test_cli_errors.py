@@ -34,6 +34,9 @@ ROWS = [
     ("serve-port-out-of-range", ["serve", "--checkpoint", "{ck}", "--port", "99999"], "use --port 1-65535"),
     ("serve-port-zero", ["serve", "--checkpoint", "{ck}", "--port", "0"], "port 0"),
     ("serve-port-in-use", ["serve", "--checkpoint", "{ck}", "--port", "{busy_port}"], "already in use"),
+    ("serve-device-unknown", ["serve", "--checkpoint", "{ck}", "--device", "gpu"], "use cpu, cuda or cuda:N"),
+    # no CUDA here: "sees no CUDA device"; on a GPU host cuda:99 is beyond its GPUs: "torch sees N CUDA device(s)"
+    ("serve-device-cuda-absent", ["serve", "--checkpoint", "{ck}", "--device", "cuda:99"], "CUDA device"),
     ("bench-yaml-syntax", ["bench", "{syntax}"], "not valid YAML: line 3, column 13"),
     ("bench-directory", ["bench", "{folder}"], "is a directory"),
     ("bench-missing-file", ["bench", "{missing}"], "does not exist"),

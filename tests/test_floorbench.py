@@ -72,6 +72,20 @@ def test_floor_table_runs_on_a_real_engine(checkpoint, capsys, mlflow_store):
     assert out["paired_ratio_range"] == pytest.approx([ratios[0], ratios[-1]])
     rates = sorted(r["matmul_gflops"] for r in per)
     assert out["matmul_gflops"] == pytest.approx(rates[len(rates) // 2])
+    from workbench.hardware import cpu_info
+
+    assert out["device"] == "cpu" and out["device_name"] == cpu_info()["cpu_model"]  # the device, by its model
+
+
+@pytest.mark.parametrize("flag,want", [([], True), (["--no-constrained"], False), (["--constrained"], True)])
+def test_side_by_side_constrains_only_when_asked(checkpoint, flag, want):
+    """The side-by-side beam workload is constrained by default (the recorded runs') and free with
+    --no-constrained: the flag reaches the requests, not only the JSON."""
+    from workbench.perf.microbench import SideBySide, parse
+
+    args = parse(["--checkpoint", str(checkpoint), *flag])
+    req = SideBySide.of(args, checkpoint).beam_workload.request(0)
+    assert args.constrained is want and req.constrained is want
 
 
 def test_floor_runs_both_dtypes_side_by_side(checkpoint, capsys, mlflow_store):

@@ -51,7 +51,7 @@ from workbench.engines.base import (
     validate_beam_request,
     validate_score_request,
 )
-from workbench.engines.checks import validate_constraint, validate_projected
+from workbench.engines.checks import require_device, validate_constraint, validate_projected
 from workbench.engines.torch.options import variant_name
 from workbench.engines.torch.search import (
     banned_counts_by_depth,
@@ -64,6 +64,7 @@ from workbench.engines.torch.search import (
     select_beams_stacked,
 )
 from workbench.engines.torch.segments import KVLayout, PrefillSegment, decode_segment, pad_prompt_kv, score_segment
+from workbench.hardware import sync
 
 
 def _import_torch():
@@ -146,8 +147,7 @@ class TorchEngine:
         from workbench.model.checkpoint import LoadedCheckpoint, load_checkpoint
         from workbench.engines.torch.model import FastLM, check_options
 
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise RequestError(f"device {device!r} requested but torch sees no CUDA device; use device='cpu'")
+        device = require_device(device)  # a GPU this machine lacks: DeviceError, before anything loads
         check_options(getattr(torch, dtype), device, batch_invariant, quantize)  # before the checkpoint loads
         if num_threads:
             torch.set_num_threads(int(num_threads))
@@ -398,6 +398,7 @@ class TorchEngine:
             n = seg.n_rows
             last = torch.cumsum(torch.as_tensor(seg.lengths, device=h.device), 0) - 1
             lp = lm.log_probs(h[last])  # [n_prompts, vocab]
+            sync(self.device)  # the first token's time is when its log-probs exist, not when their kernels launched
             now = time.perf_counter()
             for i, j in enumerate(pre):
                 j.prompt_kv = [kv[i] for kv in seg.kv]
