@@ -39,14 +39,12 @@ def banned_counts_by_depth(trie, banned_items: Sequence[int], depth: int) -> lis
     return [trie.banned_counts([list(banned_items)], d) for d in range(depth)]
 
 
-def constraint_mask(trie, prefixes, vocab_size: int, device, banned_counts=None):
-    """Allowed-token mask [B, vocab_size] after `prefixes` [B, t]; `banned_counts` [B, n_nodes] at depth t."""
-    import torch
+def constraint_mask(trie, prefixes, vocab_size: int, banned_counts=None):
+    """Allowed-token mask [B, vocab_size] after `prefixes` [B, t]; `banned_counts` [B, n_nodes] at depth t.
 
-    m = trie.allowed_mask(prefixes.cpu(), banned_counts=banned_counts)
-    if m.shape[1] < vocab_size:  # model vocab padded beyond the layout's tokens
-        m = torch.nn.functional.pad(m, (0, vocab_size - m.shape[1]))
-    return m.to(device)
+    Built where the trie's tables are (the engine moves them to its device once): on a GPU no mask is made on the
+    host and copied each step, and the prefixes (already there) never go back to the host."""
+    return trie.allowed_mask(prefixes.to(trie.device), banned_counts=banned_counts, vocab_size=vocab_size)
 
 
 def select_beams(tokens, cum, logp, beam_width: int) -> Selection | None:
