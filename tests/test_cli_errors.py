@@ -45,6 +45,7 @@ ROWS = [
     ("report-unknown-experiment", ["report", "--experiment", "nope", "-o", "{out}"], "no MLflow experiment 'nope'"),
     ("microbench-bad-ab-option", ["microbench", "--ab", "gemm=mkl", "gemm=onednn"], "'gemm=mkl' is not one of"),
     ("microbench-dtype-both", ["microbench", "--dtype", "both"], "--dtype both is for --floor"),
+    ("microbench-1.7b-on-disk", ["microbench", "--model", "1.7b"], "built in memory on the device it runs on"),
     ("variant-quality-missing-study", ["variant-quality", "{missing}"], "does not exist"),
 ]
 

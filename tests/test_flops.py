@@ -2,7 +2,7 @@
 
 FlopCounterMode counts only matmul-like aten ops (mm, addmm, bmm, baddbmm, conv and the fused
 attention kernels it registers): no embedding gather, norms, RoPE, softmax or SiLU, which is what
-`workbench.study.flops` counts too. On CPU, SDPA's default kernel
+`workbench.model.flops` counts too. On CPU, SDPA's default kernel
 (`_scaled_dot_product_flash_attention_for_cpu`) is not in its registry (torch 2.13), so attention
 would read as 0; the math backend decomposes SDPA into two bmm's that it does count (the full
 T x T square: masking does not remove work).
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.study import flops as F
+from workbench.model import flops as F
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -87,3 +87,10 @@ def test_training_step_is_three_forwards():
 
     got = sum(_measured(model, step).values())
     assert got == pytest.approx(F.train_flops(cfg, b * t, b * t, None, b * t * t), rel=0.02)
+
+
+def test_the_old_import_path_is_the_same_counts():
+    """study/flops.py re-exports model/flops.py (training still imports it from there)."""
+    from workbench.study import flops as old
+
+    assert old.train_flops is F.train_flops and old.forward_flops is F.forward_flops

@@ -117,7 +117,7 @@ def build_checkpoint(size: str, sid_depth: int, prompt_len: int, folder: Path) -
     """
     depth_levels = (16,) * (sid_depth - 1)  # the dedup digit is the last level
     print(f"building a random {size} Qwen3 checkpoint (SID depth {sid_depth}) ...", file=sys.stderr)
-    kw = random_size(size).checkpoint_kwargs() | {"vocab_base": 1000}
+    kw = random_size(size, for_disk=True).checkpoint_kwargs() | {"vocab_base": 1000}
     return make_random_checkpoint(folder / f"ck_{size}", arch="qwen3", n_items=2000, levels=depth_levels,
                                   max_position_embeddings=max(1024, prompt_len + 64), seed=0, **kw)
 
@@ -148,6 +148,8 @@ def parse(argv) -> argparse.Namespace:
     from workbench.perf.abbench import parse_options
 
     args = parse_args(argv)
+    if not args.checkpoint:
+        random_size(args.model, for_disk=True)  # 1.7b is built in memory only (scripts/gpu_probe.sh measures it)
     args.options = torch_options.from_args(args)
     if args.ab:
         if args.options:

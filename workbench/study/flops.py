@@ -1,82 +1,13 @@
-"""FLOPs of a decoder LM's training and inference, counted piece by piece.
+"""The FLOP counts moved to `workbench/model/flops.py`: they describe a decoder LM, not a study, and the GPU probe
+(perf/) counts with them, which may read the study only through study/outputs.py. This module keeps the old import
+path (training's `from workbench.study.flops import train_flops`) working until that line moves."""
 
-Replaces `6 x n_params x tokens`, which counts the (tied) embedding matrix as a matmul at every
-token: the input embedding is a gather (no FLOPs), and the LM head costs 2 x hidden x vocab only
-on the rows whose logits are read (the loss or score positions), over the vocab columns actually
-computed. With a small backbone and a large SID vocabulary that term was ~half the total, so
-training FLOPs were ~2x overstated.
-
-Pieces (one multiply-add = 2 FLOPs; forward only unless said):
-- `matmul_flops_per_token`: 2 x the weights of every decoder layer's linear maps (q, k, v, o,
-  gate, up, down). Biases, norms, RoPE, softmax and activations are elementwise and left out.
-- `attention_flops`: QK^T and AV, 4 x layers x query heads x head_dim per (query, key) pair.
-  A causal kernel that skips the masked half does `causal_pairs(T)` pairs; SDPA/FlashAttention
-  counters (and dense kernels) charge the full T x T square.
-- `lm_head_flops`: 2 x hidden x vocab_rows per logit row.
-- `train_flops`: 3 x forward (the backward pass costs ~2x the forward: grads of inputs and weights).
-
-`config` is a transformers config (Qwen3Config, LlamaConfig): hidden_size, intermediate_size,
-num_hidden_layers, num_attention_heads, num_key_value_heads and head_dim (hidden/heads if absent).
-Checked against `torch.utils.flop_counter.FlopCounterMode` on a tiny Qwen3 in tests/test_flops.py.
-"""
-
-from __future__ import annotations
-
-from typing import Any
-
-
-def _head_dim(config: Any) -> int:
-    hd = getattr(config, "head_dim", None)
-    return int(hd) if hd else config.hidden_size // config.num_attention_heads
-
-
-def linear_params_per_layer(config: Any) -> int:
-    """Weights of one decoder layer's q, k, v, o, gate, up and down projections."""
-    h, i, d = config.hidden_size, config.intermediate_size, _head_dim(config)
-    q_dim = config.num_attention_heads * d
-    kv_dim = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    kv_dim *= d
-    attn = h * q_dim + 2 * h * kv_dim + q_dim * h  # q, k, v, o
-    mlp = 3 * h * i  # gate, up, down
-    return attn + mlp
-
-
-def matmul_flops_per_token(config: Any) -> float:
-    """Forward FLOPs of one token through the decoder layers' linear maps (no embedding, no head)."""
-    return 2.0 * config.num_hidden_layers * linear_params_per_layer(config)
-
-
-def attention_flops(config: Any, n_query_tokens: float, context: float) -> float:
-    """Forward QK^T + AV FLOPs of n_query_tokens queries, each attending `context` keys (a mean)."""
-    per_pair = 4.0 * config.num_hidden_layers * config.num_attention_heads * _head_dim(config)
-    return per_pair * n_query_tokens * context
-
-
-def causal_pairs(seq_len: int) -> int:
-    """(query, key) pairs of one causal sequence: query t attends keys 0..t."""
-    return seq_len * (seq_len + 1) // 2
-
-
-def lm_head_flops(config: Any, n_logit_rows: float, vocab_rows: int | None = None) -> float:
-    """Forward LM-head FLOPs: n_logit_rows hidden rows times `vocab_rows` (default: all) columns."""
-    v = config.vocab_size if vocab_rows is None else vocab_rows
-    return 2.0 * config.hidden_size * v * n_logit_rows
-
-
-def forward_flops(config: Any, tokens: float, logit_rows: float, vocab_rows: int | None, attended_keys: float) -> float:
-    """One forward: `tokens` through the layers, `attended_keys` (query, key) pairs in total,
-    logits on `logit_rows` rows over `vocab_rows` columns."""
-    return (
-        matmul_flops_per_token(config) * tokens
-        + attention_flops(config, 1, attended_keys)  # one "query" attending the total pair count
-        + lm_head_flops(config, logit_rows, vocab_rows)
-    )
-
-
-def train_flops(config: Any, tokens: float, logit_rows: float, vocab_rows: int | None, attended_keys: float) -> float:
-    """Training FLOPs = 3 x forward (backward ~2 x forward); arguments as in `forward_flops`.
-
-    attended_keys: total (query, key) pairs over all tokens, e.g. sum of `causal_pairs(len)` over
-    the batch's sequences (or len**2 each if the kernel computes the full square).
-    """
-    return 3.0 * forward_flops(config, tokens, logit_rows, vocab_rows, attended_keys)
+from workbench.model.flops import (  # noqa: F401 - re-exported
+    attention_flops,
+    causal_pairs,
+    forward_flops,
+    linear_params_per_layer,
+    lm_head_flops,
+    matmul_flops_per_token,
+    train_flops,
+)
