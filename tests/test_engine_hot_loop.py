@@ -84,3 +84,41 @@ def test_cpu_engine_log_probs_stay_float64(tmp_path):
         assert eng.lm.log_probs(h).dtype == torch.float64
     finally:
         eng.shutdown()
+
+
+def test_float32_log_probs_run_every_path_within_the_bound(tmp_path):
+    """The GPU's float32 log-softmax, forced on the CPU: beam search (plain, constrained with bans), sequence and
+    label scoring all run (no float64/float32 mix-up in the selection or the score sums) and agree with the
+    float64 engine within the derived float32 bound of the parity suite."""
+    import asyncio
+
+    import numpy as np
+
+    from workbench.engines.base import BeamSearchRequest, Prompt, ScoreRequest
+    from workbench.engines.numerics import engine_bound
+    from workbench.engines.registry import create_engine
+    from workbench.testing import make_random_checkpoint
+
+    ck = make_random_checkpoint(tmp_path / "ck", n_items=60, levels=(4, 4), soft_token=False)
+    rng = np.random.default_rng(0)
+    prompts = [Prompt.of(rng.integers(2, 300, size=n)) for n in (9, 17)]
+    cands = tuple((300 + i % 4, 304 + i % 4, 308) for i in range(6))
+    reqs = [BeamSearchRequest(prompts[0], 4, 3), BeamSearchRequest(prompts[1], 4, 3, constrained=True, banned_items=(1, 2))]
+    scores = [ScoreRequest(prompts[0], cands), ScoreRequest(prompts[1], cands, mode="label", label_token_ids=(5, 6))]
+    out = {}
+    for dt in (torch.float64, torch.float32):
+        eng = create_engine("torch", ck)
+        eng.lm.logprob_dtype = dt
+        try:
+            beams = asyncio.run(eng.beam_search(reqs))
+            scored = asyncio.run(eng.score(scores))
+            bound = engine_bound(eng, prompts, 3)
+        finally:
+            eng.shutdown()
+        assert all(r.success for r in beams + scored), [r.error for r in beams + scored]
+        out[dt] = (beams, scored)
+    (b64, s64), (b32, s32) = out[torch.float64], out[torch.float32]
+    for x, y in zip(b64, b32):
+        assert np.abs(np.array([b.cum_logprob for b in x.beams]) - [b.cum_logprob for b in y.beams]).max() < bound
+    for x, y in zip(s64, s32):
+        assert np.abs(np.asarray(x.scores) - np.asarray(y.scores)).max() < bound

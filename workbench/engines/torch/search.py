@@ -121,9 +121,9 @@ def candidate_scores(log_probs: Callable, h, candidates: Sequence[Sequence[int]]
     not_last[ends.to(h.device)] = False
     lp_rows = log_probs(h[not_last])  # rows predicting the next candidate token
     nxt = toks[1:][not_last[:-1]]
-    per_tok = torch.zeros(rows, dtype=torch.float64, device=h.device)
-    per_tok[torch.nonzero(~(i_idx == 0)).squeeze(1)] = torch.gather(lp_rows, 1, nxt[:, None]).squeeze(1)
+    per_tok = torch.zeros(rows, dtype=torch.float64, device=h.device)  # summed in float64 whatever the log-probs' dtype
+    per_tok[torch.nonzero(~(i_idx == 0)).squeeze(1)] = torch.gather(lp_rows, 1, nxt[:, None]).squeeze(1).double()
     first = torch.as_tensor([c[0] for c in candidates], device=h.device)
-    per_tok[(i_idx == 0).nonzero().squeeze(1)] = first_logprobs[first]
+    per_tok[(i_idx == 0).nonzero().squeeze(1)] = first_logprobs[first].double()
     cand_of_row = torch.repeat_interleave(torch.arange(len(lens), device=h.device), lens.to(h.device))
     return torch.zeros(len(lens), dtype=per_tok.dtype, device=h.device).index_add_(0, cand_of_row, per_tok).tolist()
