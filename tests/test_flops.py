@@ -94,3 +94,19 @@ def test_the_old_import_path_is_the_same_counts():
     from workbench.study import flops as old
 
     assert old.train_flops is F.train_flops and old.forward_flops is F.forward_flops
+
+
+def test_request_flops_by_phase_by_hand():
+    """One beam request and one scoring request on the tiny config (245,760 matmul FLOPs per token, 1,024 per
+    query-key pair, 128,000 per logit row), every phase counted by hand."""
+    cfg = _tiny()
+    beam = F.beam_request_flops(cfg, prompt=10, beam=2, new_tokens=3)
+    assert beam == {"prefill_gemm": 245760 * 10, "prefill_attention": 1024 * 55,  # 10 x 11 / 2 causal pairs
+                    "decode_gemm": 245760 * 2 * 2,  # 2 beams x 2 decode steps
+                    "decode_attention": 1024 * 2 * (11 + 12),  # step t: 10 prompt keys + t own
+                    "lm_head": 128000 * (1 + 2 * 2)}  # the prompt's last row + every decode row
+    score = F.score_request_flops(cfg, prompt=10, candidates=3, candidate_tokens=4)
+    assert score == {"prefill_gemm": 245760 * 10, "prefill_attention": 1024 * 55,
+                     "candidate_gemm": 245760 * 12,  # 3 candidates x 4 tokens
+                     "candidate_attention": 1024 * 3 * (11 + 12 + 13 + 14),  # token i: 10 prompt keys + i own
+                     "lm_head": 128000 * (1 + 3 * 3)}  # the prompt's last row + each candidate's first 3 rows

@@ -117,17 +117,11 @@ def kernel_times(lm, prompt_len: int, beam: int, new_tokens: int, repeats: int =
 
 
 def flops(lm, prompt_len: int, beam: int, new_tokens: int) -> dict[str, float]:
-    """FLOPs of one beam request by phase (causal prefill attention counted at half the square)."""
-    w = lm.flops_per_token(0)
-    attn_tok = lm.flops_per_token(1) - w  # attention FLOPs per token per key
-    steps = new_tokens - 1
-    return {
-        "prefill_gemm": w * prompt_len,
-        "prefill_attention": attn_tok * prompt_len * prompt_len / 2,
-        "decode_gemm": w * beam * steps,
-        "decode_attention": sum(attn_tok * beam * (prompt_len + t) for t in range(1, new_tokens)),
-        "lm_head": 2.0 * lm.lm_head.numel() * (1 + beam * steps),
-    }
+    """FLOPs of one beam request by phase, from the engine's model config (model/flops.py's count: the causal
+    prefill's query-key pairs are P (P + 1) / 2; the GPU probe predicts its floor with the same count)."""
+    from workbench.model.flops import beam_request_flops
+
+    return beam_request_flops(lm.config, prompt_len, beam, new_tokens)
 
 
 def engine_times(engine, workload: SyntheticWorkload, requests: int, sample_rate=None

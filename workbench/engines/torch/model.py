@@ -142,6 +142,7 @@ class FastLM:
         "auto" (packed oneDNN where it is faster, onednn.py), "default" (F.linear) or "onednn".
         See the module docstring."""
         cfg = hf_model.config
+        self.config = cfg  # the source model's shape (FLOP counts read it: model/flops.py)
         self.batch_invariant = batch_invariant
         check_options(dtype, device, batch_invariant, quantize)
         self.quantize = quantize
