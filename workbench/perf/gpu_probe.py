@@ -12,7 +12,8 @@ The phases, in order (`PHASES`; each is estimated before it starts and skipped, 
 not fit before the deadline, or when a phase it needs did not run):
 
 1. device: what the device is (GPU model, memory, compute capability, driver, torch, CUDA) and its ceilings: the
-   bfloat16 GEMM rate at 8192^3 timed with CUDA events, and the copy bandwidth host -> device and back (pinned).
+   bfloat16 GEMM rate at 8192^3 timed with CUDA events, the copy bandwidth host -> device and back (pinned), and
+   device -> device (its memory's bandwidth).
 2. parity: the torch engine vs the hf baseline, both on the device, in float32 and bfloat16, on a small random
    checkpoint: `engines/parity.compare_engines` with the bounds the parity tests derive (engines/numerics.py).
 3. seeds_shape: the seeds' request (prompt 2000, beam 30, 5 new tokens, Qwen3-1.7B's shape, bfloat16). Its
@@ -222,17 +223,23 @@ def phase_device(p: Probe) -> dict:
     nbytes = s.copy_mib * 2**20
     host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=is_cuda(dev))
     on_dev = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    other = torch.empty_like(on_dev)
     host.fill_(1)
-    for direction, fn in (("h2d", lambda: on_dev.copy_(host, non_blocking=True)),
-                          ("d2h", lambda: host.copy_(on_dev, non_blocking=True))):
+    for direction, fn, moved in (("h2d", lambda: on_dev.copy_(host, non_blocking=True), nbytes),
+                                 ("d2h", lambda: host.copy_(on_dev, non_blocking=True), nbytes),
+                                 ("d2d", lambda: other.copy_(on_dev), 2 * nbytes)):  # d2d: read + write
         fn()
         sec = min(device_seconds(fn, dev, 3) for _ in range(3))
-        out[f"copy_{direction}_gb_s"] = nbytes / sec / 1e9
+        out[f"copy_{direction}_gb_s"] = moved / sec / 1e9
+    del host, on_dev, other
     out["copy_mib"] = s.copy_mib
-    out["copy_note"] = "pinned host memory, non_blocking copies" if is_cuda(dev) else "host memcpy (no device)"
+    out["copy_note"] = ("pinned host memory, non_blocking copies; d2d counts bytes read + written (the device "
+                        "memory's bandwidth, what a decode step's weight reads meet)" if is_cuda(dev)
+                        else "host memcpy (no device)")
     p.state["gemm_tflops"] = out["gemm_tflops"]
     p.log(f"  {out['device_name']}: bf16 GEMM {n}^3 {out['gemm_tflops']:.1f} TFLOP/s; copies "
-          f"h2d {out['copy_h2d_gb_s']:.1f} GB/s, d2h {out['copy_d2h_gb_s']:.1f} GB/s")
+          f"h2d {out['copy_h2d_gb_s']:.1f} GB/s, d2h {out['copy_d2h_gb_s']:.1f} GB/s, "
+          f"on the device {out['copy_d2d_gb_s']:.1f} GB/s")
     return out
 
 
