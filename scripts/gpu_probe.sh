@@ -15,7 +15,11 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 py="${PYTHON:-}"
 if [[ -z "$py" ]]; then
-  if [[ -x "$root/.venv/bin/python" ]]; then py="$root/.venv/bin/python"; else py="$(command -v python3 || command -v python)"; fi
+  if [[ -x "$root/.venv/bin/python" ]]; then
+    py="$root/.venv/bin/python"
+  else
+    py="$(command -v python3 || command -v python)"
+  fi
 fi
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false TRANSFORMERS_VERBOSITY=error

@@ -20,8 +20,10 @@ KV = KVLayout(n_layers=2, n_kv=2, head_dim=4, dtype=torch.float32, device=torch.
 
 def _prompts(lengths: dict[str, int]) -> dict[str, list]:
     g = torch.Generator().manual_seed(0)
-    return {name: [(torch.randn(KV.n_kv, n, KV.head_dim, generator=g), torch.randn(KV.n_kv, n, KV.head_dim, generator=g))
-                   for _ in range(KV.n_layers)] for name, n in lengths.items()}
+    def kv(n: int):
+        return torch.randn(KV.n_kv, n, KV.head_dim, generator=g)
+
+    return {name: [(kv(n), kv(n)) for _ in range(KV.n_layers)] for name, n in lengths.items()}
 
 
 # (the decoding set after a step, what the buffer may do: "view" = survivors viewed, newcomers copied; "rebuild")
@@ -103,7 +105,8 @@ def test_float32_log_probs_run_every_path_within_the_bound(tmp_path):
     rng = np.random.default_rng(0)
     prompts = [Prompt.of(rng.integers(2, 300, size=n)) for n in (9, 17)]
     cands = tuple((300 + i % 4, 304 + i % 4, 308) for i in range(6))
-    reqs = [BeamSearchRequest(prompts[0], 4, 3), BeamSearchRequest(prompts[1], 4, 3, constrained=True, banned_items=(1, 2))]
+    reqs = [BeamSearchRequest(prompts[0], 4, 3),
+            BeamSearchRequest(prompts[1], 4, 3, constrained=True, banned_items=(1, 2))]
     scores = [ScoreRequest(prompts[0], cands), ScoreRequest(prompts[1], cands, mode="label", label_token_ids=(5, 6))]
     out = {}
     for dt in (torch.float64, torch.float32):

@@ -44,6 +44,11 @@ def test_1_7b_is_never_written_to_disk():
     with pytest.raises(UsageError, match="built in memory"):
         SIZES["1.7b"].checkpoint_kwargs()
     assert random_size("1.7b") is SIZES["1.7b"]  # in memory it is an ordinary size
+    from workbench.config import ConfigError, LoadConfig
+    from workbench.load.sources import resolve_checkpoint
+
+    with pytest.raises(ConfigError, match="load.checkpoints: random size 1.7b is built in memory"):
+        resolve_checkpoint("random:1.7b", LoadConfig(checkpoints=["random:1.7b"], prompt_tokens=16))
 
 
 def test_a_small_model_in_memory_serves_in_the_dtype_asked():

@@ -1,4 +1,4 @@
-"""What this machine can do: its CPU (model, the instruction sets that matter), its device, its matmul rate, bf16 or not.
+"""What this machine can do: its CPU (model, instruction sets that matter), its device, its matmul rate, bf16 or not.
 
 The project's machines are not all the same CPU (an AVX2-only AMD EPYC, or an Intel Xeon with
 AVX-512, AVX512-BF16 and AMX where bf16 matmul is ~7x float32), so every measurement names the
@@ -68,10 +68,10 @@ def is_cuda(device) -> bool:
 
 def auto_dtype(device=None, engine: str | None = None, cpu_has_bf16: bool = False) -> str:
     """What `dtype: auto` means, as a pure decision: bfloat16 on a CUDA device (its tensor cores: an H100-class data
-    sheet gives bf16 about 2x TF32 and 15x plain float32; every GPU engine serves in it) and for the GPU-only engines (FlashInfer and
-    TensorRT-LLM's encode path have no float32 attention); on the CPU, bfloat16 where it has bf16 instructions
-    (AMX or AVX512-BF16: bf16 matmul at 2x (AVX512-BF16) to ~7x (AMX) the float32 rate) and float32 elsewhere
-    (AVX2 only: bf16 would be emulated, slower than float32)."""
+    sheet gives bf16 about 2x TF32 and 15x plain float32; every GPU engine serves in it) and for the GPU-only
+    engines (FlashInfer and TensorRT-LLM's encode path have no float32 attention); on the CPU, bfloat16 where it has
+    bf16 instructions (AMX or AVX512-BF16: bf16 matmul at 2x (AVX512-BF16) to ~7x (AMX) the float32 rate) and float32
+    elsewhere (AVX2 only: bf16 would be emulated, slower than float32)."""
     if is_cuda(device) or engine in GPU_ONLY_ENGINES:
         return "bfloat16"
     return "bfloat16" if cpu_has_bf16 else "float32"
@@ -102,12 +102,14 @@ def device_problem(name: str) -> str | None:
 
     if not torch.cuda.is_available():
         why = ("a CPU-only build" if torch.version.cuda is None else
-               f"built for CUDA {torch.version.cuda}, but no GPU or driver is visible (CUDA_VISIBLE_DEVICES, nvidia-smi)")
+               f"built for CUDA {torch.version.cuda}, but no GPU or driver is visible: see CUDA_VISIBLE_DEVICES, "
+               "nvidia-smi")
         return f"device {name}: torch {torch.__version__} sees no CUDA device ({why}); use cpu (--device cpu)"
     count = torch.cuda.device_count()
     index = int(name.split(":")[1]) if ":" in name else 0
     if index >= count:
-        return f"device {name}: torch sees {count} CUDA device(s), cuda:0 to cuda:{count - 1}; use one of those or cpu (--device cpu)"
+        return (f"device {name}: torch sees {count} CUDA device(s), cuda:0 to cuda:{count - 1}; use one of those or "
+                "cpu (--device cpu)")
     return None
 
 

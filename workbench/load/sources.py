@@ -57,7 +57,8 @@ def resolve_checkpoint(spec: str, load: LoadConfig, study: StudySource | None = 
         if not (p / "workbench.json").exists():
             raise ConfigError(
                 f"load.checkpoints: {spec} is not a workbench checkpoint (no workbench.json); train one with "
-                f"`workbench run` or use random:<size>, one of {list(SIZES)} (workbench/model/random_checkpoint.py)"
+                f"`workbench run` or use random:<size>, one of {[n for n, s in SIZES.items() if s.on_disk]} "
+                "(workbench/model/random_checkpoint.py)"
             )
         return p.resolve()
     try:

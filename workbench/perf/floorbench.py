@@ -3,8 +3,9 @@
 Issue 6 asks the torch engine's low-load time per request to be within 1.3x of the *compute floor*:
 the request's FLOPs over this machine's matmul rate (a square GEMM, the best case for BLAS: 1024^3 on the CPU,
 8192^3 on a GPU, `hardware.default_gemm_n`). That floor assumes every FLOP runs at the square-GEMM rate. The
-kernels a beam request actually needs do not: a decode step is a GEMM of only `beam` rows, and causal attention over a 512-token prompt is a
-chain of thin matmuls plus a softmax. So this benchmark measures, in one process and side by side:
+kernels a beam request actually needs do not: a decode step is a GEMM of only `beam` rows, and causal attention
+over a 512-token prompt is a chain of thin matmuls plus a softmax. So this benchmark measures, in one process and
+side by side:
 
 1. the matmul floor (FLOPs / square-GEMM rate), per phase;
 2. the *kernel floor*: the same phases timed as the bare torch kernels the engine calls (every layer's
@@ -211,7 +212,8 @@ def run_floor(checkpoint: Path, peak_gflops: float, *, prompt_len: int, beam: in
         "phases": [asdict(p) for p in phases],
     }
     print(f"\ncompute floor of one beam request ({engine.name}): {out['params_m']}M params, prompt {P}, beam {B}, "
-          f"{T} new tokens, unconstrained, {dtype}; matmul rate {peak_gflops:.1f} GFLOP/s ({default_gemm_n(device)}^3); "
+          f"{T} new tokens, unconstrained, {dtype}; matmul rate {peak_gflops:.1f} GFLOP/s "
+          f"({default_gemm_n(device)}^3); "
           f"{out['device_name']}; layer GEMMs "
           f"{lm.gemm} ({lm.gemm_why})")
     print(f"{'phase':<18} {'GFLOP':>7} {'matmul floor ms':>16} {'kernels alone ms':>17} {'kernel GFLOP/s':>15}")

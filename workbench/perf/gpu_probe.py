@@ -51,7 +51,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-_STARTED = time.monotonic()  # the deadline counts from the import of this module (before torch's)
+_STARTED = time.monotonic()  # `main`'s deadline counts from the import of this module (before torch's)
 
 JSON_FILE = "probe.json"
 LOG_FILE = "probe.log"
@@ -112,9 +112,12 @@ class Phase:
 class Probe:
     """The run: its shape, the JSON document it rewrites after every phase, the live objects phases hand on."""
 
-    def __init__(self, shape: ProbeShape, outdir: Path, phases: list[Phase], deadline_s: float | None = None):
+    def __init__(self, shape: ProbeShape, outdir: Path, phases: list[Phase], deadline_s: float | None = None,
+                 started: float | None = None):
+        """`started`: the time.monotonic() the deadline counts from (default: now)."""
         self.shape, self.outdir, self.phases = shape, Path(outdir), phases
         self.deadline_s = float(shape.deadline_s if deadline_s is None else deadline_s)
+        self.started = time.monotonic() if started is None else float(started)
         self.state: dict = {}  # engine, checkpoint, workloads, measured numbers later phases read
         self.doc = {
             "probe": "workbench GPU probe (workbench/perf/gpu_probe.py)", "schema": SCHEMA, "mode": shape.mode,
@@ -129,7 +132,7 @@ class Probe:
         return float(self.shape.estimates.get(phase.name, 10.0))
 
     def elapsed(self) -> float:
-        return time.monotonic() - _STARTED
+        return time.monotonic() - self.started
 
     def log(self, msg: str) -> None:
         line = f"[probe {self.elapsed():6.1f}s] {msg}"
@@ -150,7 +153,8 @@ class Probe:
     def run(self) -> dict:
         self.outdir.mkdir(parents=True, exist_ok=True)
         (self.outdir / LOG_FILE).unlink(missing_ok=True)
-        self.log(f"{self.shape.mode}: {len(self.phases)} phases, deadline {self.deadline_s:.0f} s, output {self.outdir}")
+        self.log(f"{self.shape.mode}: {len(self.phases)} phases, deadline {self.deadline_s:.0f} s, "
+                 f"output {self.outdir}")
         self.save()
         for phase in self.phases:
             entry = self.doc["phases"][phase.name]
@@ -484,8 +488,8 @@ PHASES = [
           needs=("seeds_shape",)),
     Phase("sweep", "Poisson sweep below capacity: saturation QPS at 5x the unloaded p50", phase_sweep,
           needs=("seeds_shape", "capacity")),
-    Phase("scoring", "multi-item scoring (500 candidates at prompt 2000 on a GPU), one pass vs its floor", phase_scoring,
-          needs=("device", "seeds_shape")),
+    Phase("scoring", "multi-item scoring (500 candidates at prompt 2000 on a GPU), one pass vs its floor",
+          phase_scoring, needs=("device", "seeds_shape")),
     Phase("training", "training steps' tokens/s and their share of the GEMM rate", phase_training, needs=("device",)),
 ]
 
@@ -563,14 +567,15 @@ def _finite(doc):
 
 
 def plan_text(shape: ProbeShape, deadline_s: float) -> str:
-    lines = [f"GPU probe, {shape.mode} on {shape.device}: {shape.size} model, prompt {shape.prompt}, beam {shape.beam}, "
-             f"{shape.new_tokens} new tokens, {shape.dtype}; deadline {deadline_s:.0f} s",
+    lines = [f"GPU probe, {shape.mode} on {shape.device}: {shape.size} model, prompt {shape.prompt}, "
+             f"beam {shape.beam}, {shape.new_tokens} new tokens, {shape.dtype}; deadline {deadline_s:.0f} s",
              f"{'phase':<12} {'estimate s':>10}  needs             what"]
     for ph in PHASES:
         lines.append(f"{ph.name:<12} {shape.estimates.get(ph.name, 10):>10.0f}  {','.join(ph.needs) or '-':<17} "
                      f"{ph.what}")
     total = sum(shape.estimates.get(ph.name, 10) for ph in PHASES)
-    lines.append(f"{'total':<12} {total:>10.0f}  (a phase that would end past the deadline is skipped, with the reason)")
+    lines.append(f"{'total':<12} {total:>10.0f}  (a phase that would end past the deadline is skipped, with the "
+                 "reason)")
     return "\n".join(lines)
 
 
@@ -604,7 +609,7 @@ def main(argv=None) -> int:
     except DeviceError as e:
         print(f"error: {e}; on a machine without a GPU, --cpu-smoke runs every phase tiny on the CPU", file=sys.stderr)
         return 2
-    doc = Probe(shape, Path(args.outdir), PHASES, deadline).run()
+    doc = Probe(shape, Path(args.outdir), PHASES, deadline, started=_STARTED).run()
     bad = [n for n, ph in doc["phases"].items() if ph["status"] == "error"]
     return 1 if bad else 0
 

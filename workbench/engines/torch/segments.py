@@ -3,7 +3,8 @@
 `PrefillSegment` (whole prompts) and `SharedSegment` (streams over a shared prompt KV: the beams of a decode
 step, the candidates of a score pass) are what `model.FastLM.forward` takes (see model.py for the attention
 over each); `pad_prompt_kv`, `pad_own_kv`, `decode_segment` and `score_segment` build them from the cached KV
-of a batch of requests, and `PromptKVBuffer` keeps the decoding requests' padded prompt KV from step to step. The engine and the compile variant's warm-up (fused.py) both build segments here.
+of a batch of requests, and `PromptKVBuffer` keeps the decoding requests' padded prompt KV from step to step. The
+engine and the compile variant's warm-up (fused.py) both build segments here.
 
 torch is imported inside the functions: importing the engine module (for its capabilities) must not
 import torch.
@@ -140,7 +141,8 @@ class PromptKVBuffer:
     newcomers alone. Anything else (a request leaving from the middle, a Pmax that grows or shrinks, no spare rows
     left) rebuilds it as before. What `get` returns is always what `pad_prompt_kv` would build for the same
     requests (same shape, same values, contiguous), so no result changes; `rows_copied` counts the prompts
-    copied in, for the tests.
+    copied in, for the tests. Memory: the buffer holds twice the decoding set's rows (the spare half is what lets
+    newcomers in without a copy of the rest), beside each request's own prompt KV, which a rebuild reads.
     """
 
     def __init__(self, kv: KVLayout):
