@@ -34,6 +34,9 @@ ROWS = [
     ("serve-port-out-of-range", ["serve", "--checkpoint", "{ck}", "--port", "99999"], "use --port 1-65535"),
     ("serve-port-zero", ["serve", "--checkpoint", "{ck}", "--port", "0"], "port 0"),
     ("serve-port-in-use", ["serve", "--checkpoint", "{ck}", "--port", "{busy_port}"], "already in use"),
+    ("serve-device-unknown", ["serve", "--checkpoint", "{ck}", "--device", "gpu"], "use cpu, cuda or cuda:N"),
+    # no CUDA here: "sees no CUDA device"; on a GPU host cuda:99 is beyond its GPUs: "torch sees N CUDA device(s)"
+    ("serve-device-cuda-absent", ["serve", "--checkpoint", "{ck}", "--device", "cuda:99"], "CUDA device"),
     ("bench-yaml-syntax", ["bench", "{syntax}"], "not valid YAML: line 3, column 13"),
     ("bench-directory", ["bench", "{folder}"], "is a directory"),
     ("bench-missing-file", ["bench", "{missing}"], "does not exist"),
@@ -42,6 +45,7 @@ ROWS = [
     ("report-unknown-experiment", ["report", "--experiment", "nope", "-o", "{out}"], "no MLflow experiment 'nope'"),
     ("microbench-bad-ab-option", ["microbench", "--ab", "gemm=mkl", "gemm=onednn"], "'gemm=mkl' is not one of"),
     ("microbench-dtype-both", ["microbench", "--dtype", "both"], "--dtype both is for --floor"),
+    ("microbench-1.7b-on-disk", ["microbench", "--model", "1.7b"], "built in memory on the device it runs on"),
     ("variant-quality-missing-study", ["variant-quality", "{missing}"], "does not exist"),
 ]
 

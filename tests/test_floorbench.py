@@ -41,8 +41,8 @@ def test_flops_by_phase_match_hand_counts(checkpoint):
     assert fl["prefill_gemm"] == pytest.approx(per_token * 64)  # 12,582,912: every prompt token
     assert fl["decode_gemm"] == pytest.approx(per_token * 6 * 4)  # 4,718,592: 6 beams x 4 decode steps
     # Attention per (query, key) pair: q.k and p.v, 2 x 32 FLOPs each, per head per layer: 4 x 2 x 2 x 32 = 512.
-    # Causal prefill: half of the 64 x 64 square = 2,048 pairs; decode step t: 6 beams over 64 + t keys.
-    assert fl["prefill_attention"] == pytest.approx(512 * 2_048)  # 1,048,576
+    # Causal prefill: query t attends keys 0..t, 64 x 65 / 2 = 2,080 pairs; decode step t: 6 beams over 64 + t keys.
+    assert fl["prefill_attention"] == pytest.approx(512 * 2_080)  # 1,064,960
     assert fl["decode_attention"] == pytest.approx(512 * 6 * (65 + 66 + 67 + 68))  # 817,152
     # lm_head: a 64 x vocab GEMM for the prompt's last row, then for 6 beams at each of 4 decode steps.
     assert fl["lm_head"] == pytest.approx(2 * 64 * vocab * (1 + 6 * 4))
@@ -72,6 +72,20 @@ def test_floor_table_runs_on_a_real_engine(checkpoint, capsys, mlflow_store):
     assert out["paired_ratio_range"] == pytest.approx([ratios[0], ratios[-1]])
     rates = sorted(r["matmul_gflops"] for r in per)
     assert out["matmul_gflops"] == pytest.approx(rates[len(rates) // 2])
+    from workbench.hardware import cpu_info
+
+    assert out["device"] == "cpu" and out["device_name"] == cpu_info()["cpu_model"]  # the device, by its model
+
+
+@pytest.mark.parametrize("flag,want", [([], True), (["--no-constrained"], False), (["--constrained"], True)])
+def test_side_by_side_constrains_only_when_asked(checkpoint, flag, want):
+    """The side-by-side beam workload is constrained by default (the recorded runs') and free with
+    --no-constrained: the flag reaches the requests, not only the JSON."""
+    from workbench.perf.microbench import SideBySide, parse
+
+    args = parse(["--checkpoint", str(checkpoint), *flag])
+    req = SideBySide.of(args, checkpoint).beam_workload.request(0)
+    assert args.constrained is want and req.constrained is want
 
 
 def test_floor_runs_both_dtypes_side_by_side(checkpoint, capsys, mlflow_store):

@@ -2,7 +2,7 @@
 
 FlopCounterMode counts only matmul-like aten ops (mm, addmm, bmm, baddbmm, conv and the fused
 attention kernels it registers): no embedding gather, norms, RoPE, softmax or SiLU, which is what
-`workbench.study.flops` counts too. On CPU, SDPA's default kernel
+`workbench.model.flops` counts too. On CPU, SDPA's default kernel
 (`_scaled_dot_product_flash_attention_for_cpu`) is not in its registry (torch 2.13), so attention
 would read as 0; the math backend decomposes SDPA into two bmm's that it does count (the full
 T x T square: masking does not remove work).
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.study import flops as F
+from workbench.model import flops as F
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -87,3 +87,19 @@ def test_training_step_is_three_forwards():
 
     got = sum(_measured(model, step).values())
     assert got == pytest.approx(F.train_flops(cfg, b * t, b * t, None, b * t * t), rel=0.02)
+
+
+def test_request_flops_by_phase_by_hand():
+    """One beam request and one scoring request on the tiny config (245,760 matmul FLOPs per token, 1,024 per
+    query-key pair, 128,000 per logit row), every phase counted by hand."""
+    cfg = _tiny()
+    beam = F.beam_request_flops(cfg, prompt=10, beam=2, new_tokens=3)
+    assert beam == {"prefill_gemm": 245760 * 10, "prefill_attention": 1024 * 55,  # 10 x 11 / 2 causal pairs
+                    "decode_gemm": 245760 * 2 * 2,  # 2 beams x 2 decode steps
+                    "decode_attention": 1024 * 2 * (11 + 12),  # step t: 10 prompt keys + t own
+                    "lm_head": 128000 * (1 + 2 * 2)}  # the prompt's last row + every decode row
+    score = F.score_request_flops(cfg, prompt=10, candidates=3, candidate_tokens=4)
+    assert score == {"prefill_gemm": 245760 * 10, "prefill_attention": 1024 * 55,
+                     "candidate_gemm": 245760 * 12,  # 3 candidates x 4 tokens
+                     "candidate_attention": 1024 * 3 * (11 + 12 + 13 + 14),  # token i: 10 prompt keys + i own
+                     "lm_head": 128000 * (1 + 3 * 3)}  # the prompt's last row + each candidate's first 3 rows

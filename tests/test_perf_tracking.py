@@ -153,10 +153,17 @@ def test_floor_figure_stacks_what_the_run_printed(perf):
 
 
 def test_every_mode_has_a_runner_and_headlines():
-    from workbench.perf import microbench
-
-    from workbench.perf import trainbench
+    from workbench.perf import microbench, trainbench
 
     assert set(microbench.RUNNERS) == set(names.PERF_MODES)
     assert set(trainbench.RUNNERS) == set(names.TRAIN_PERF_MODES)
     assert set(names.PERF_MODES + names.TRAIN_PERF_MODES) == set(record.HEADLINES) == set(record.SUMMARY)
+
+
+def test_side_by_side_names_its_device(perf):
+    """The side-by-side JSON names the device it ran on by its model (the GPU's on CUDA), not only the CPU."""
+    from workbench.hardware import cpu_info
+
+    (doc,) = perf["printed"]["microbench"]
+    assert doc["device"] == "cpu" and doc["device_name"] == cpu_info()["cpu_model"]
+    assert doc["workload"]["constrained"] is True  # the default; --no-constrained frees it

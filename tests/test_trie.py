@@ -97,3 +97,38 @@ def test_complete_sid_rejected():
     full = torch.tensor([cat.sid_tokens(0)])
     with pytest.raises(ValueError, match="complete"):
         cat.trie().allowed_mask(full)
+
+
+def test_masks_are_built_on_the_tries_device():
+    """A trie moved to a device makes every tensor there (the meta device stands in for a GPU: no memory, and a
+    CPU tensor mixed in fails); the moved copy gives the CPU trie's masks; the original stays on the CPU."""
+    rng = np.random.default_rng(3)
+    cat = _random_catalog(rng, 200, (4, 4, 3), base_vocab=10)
+    trie = cat.trie()
+    on_meta = trie.to("meta")
+    assert on_meta.device.type == "meta" and trie.device.type == "cpu" and trie.to("cpu") is trie
+    prefixes = torch.tensor(_prefix_batch(rng, cat, 2, 8), dtype=torch.long)
+    counts = on_meta.banned_counts([[1, 2, 3]] * 8, 2)
+    mask = on_meta.allowed_mask(prefixes.to("meta"), banned_counts=counts, vocab_size=cat.layout.vocab_size + 7)
+    assert mask.device.type == "meta" and mask.shape == (8, cat.layout.vocab_size + 7)
+    wide = trie.allowed_mask(prefixes, banned=[[1, 2, 3]] * 8, vocab_size=cat.layout.vocab_size + 7)
+    assert not wide[:, cat.layout.vocab_size:].any()  # the padded columns beyond the layout: never allowed
+    assert torch.equal(wide[:, : cat.layout.vocab_size], trie.allowed_mask(prefixes, banned=[[1, 2, 3]] * 8))
+
+
+def test_engine_constraint_mask_makes_no_host_round_trip(monkeypatch):
+    """The torch engine's per-step mask: from prefixes on the trie's device, without `.cpu()` (which on a GPU waits
+    for the device and copies the prefixes back every step) and without a host-built mask copied over."""
+    from workbench.engines.torch.search import constraint_mask
+
+    rng = np.random.default_rng(4)
+    cat = _random_catalog(rng, 100, (4, 4), base_vocab=10)
+    on_meta = cat.trie().to("meta")
+    prefixes = torch.tensor(_prefix_batch(rng, cat, 1, 5), dtype=torch.long).to("meta")
+
+    def no_host(self, *a, **k):
+        raise AssertionError("a tensor went back to the host")
+
+    monkeypatch.setattr(torch.Tensor, "cpu", no_host)
+    mask = constraint_mask(on_meta, prefixes, cat.layout.vocab_size + 3)
+    assert mask.device.type == "meta" and mask.shape == (5, cat.layout.vocab_size + 3)

@@ -101,6 +101,7 @@ def _cmd_serve(args) -> int:
         host=args.host,
         port=args.port,
         dtype=args.dtype,
+        device=args.device,
         **torch_options.from_args(args, args.engine),
     )
     return 0
@@ -207,7 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     s.add_argument("--port", type=int, default=8100, help="TCP port, 1-65535 (checked before the model loads)")
     s.add_argument("--dtype", default="float32", choices=names.DTYPES,
-                   help="auto: bfloat16 where the CPU has AMX or AVX512-BF16, else float32")
+                   help="auto: bfloat16 on a CUDA device or where the CPU has AMX or AVX512-BF16, else float32")
+    s.add_argument("--device", default="cpu",
+                   help="cpu, cuda or cuda:N: where the engine runs (checked before the model loads: a CUDA device "
+                        "this machine lacks is an error saying what it has)")
     from workbench.engines.torch import options as torch_options
 
     torch_options.add_flags(s)

@@ -298,7 +298,8 @@ class EvaluationConfig(Section):
 class EngineEntry(Section):
     name: EngineName
     url: str | None = None  # an already running server (remote deployment); None: launch/in-process
-    # auto: bfloat16 where the CPU has AMX or AVX512-BF16, float32 elsewhere (hardware.resolve_dtype);
+    # auto: bfloat16 on a CUDA device (options.device) or where the CPU has AMX or AVX512-BF16, float32 elsewhere
+    # (hardware.resolve_dtype);
     # resolved once per sweep and logged, resolved, with the run (the CPU model and flags are logged too)
     dtype: Literal[names.DTYPES] = "float32"
     options: dict[str, Any] = Field(default_factory=dict)  # engine-specific knobs

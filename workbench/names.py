@@ -62,7 +62,7 @@ VALID_RECALL10 = "valid/recall_at_10"
 VALID_NDCG10 = "valid/ndcg_at_10"
 BEST_VALID_RECALL10 = "train/best_valid_recall_at_10"
 BEST_VALID_NDCG10 = "train/best_valid_ndcg_at_10"
-TRAIN_FLOPS = "train/flops"  # forward + backward, counted by study/flops.py (cumulative in curves)
+TRAIN_FLOPS = "train/flops"  # forward + backward, counted by model/flops.py (cumulative in curves)
 TRAIN_TOKENS_PER_S = "train/tokens_per_s"
 TRAIN_MATMUL_SHARE = "train/matmul_share"  # achieved FLOP/s over the measured matmul rate
 

@@ -1,8 +1,25 @@
-"""Request checks that need the checkpoint's catalog (on top of `base.validate_*`), shared by in-process engines."""
+"""Checks shared by the in-process engines: requests that need the checkpoint's catalog (on top of
+`base.validate_*`), and the device an engine is asked to run on (before its checkpoint loads)."""
 
 from __future__ import annotations
 
 from workbench.engines.base import BeamSearchRequest, RequestError
+from workbench.errors import UsageError
+
+
+class DeviceError(UsageError, ValueError):
+    """A device this machine cannot run on: a CUDA device without CUDA, an index beyond its GPUs, a bad name."""
+
+
+def require_device(device) -> str:
+    """`device` as a string (cpu | cuda | cuda:N) if this machine has it, else DeviceError saying what it has and
+    what to use instead (`hardware.device_problem`)."""
+    from workbench.hardware import device_problem
+
+    why = device_problem(str(device))
+    if why is not None:
+        raise DeviceError(why)
+    return str(device).strip()
 
 
 def validate_constraint(r: BeamSearchRequest, catalog) -> None:

@@ -37,7 +37,7 @@ from workbench.engines.base import (
     validate_beam_request,
     validate_score_request,
 )
-from workbench.engines.checks import validate_constraint, validate_projected
+from workbench.engines.checks import require_device, validate_constraint, validate_projected
 
 
 class HFEngine:
@@ -49,6 +49,7 @@ class HFEngine:
 
         from workbench.model.checkpoint import LoadedCheckpoint, load_checkpoint
 
+        device = require_device(device)
         ck = checkpoint if isinstance(checkpoint, LoadedCheckpoint) else load_checkpoint(checkpoint, dtype=dtype, device=device)
         self.checkpoint = ck
         self.model = ck.model.eval()

@@ -98,11 +98,11 @@ def availability(name: str) -> tuple[bool, str]:
 
 
 def create_engine(name: str, checkpoint, dtype: str = "float32", **options):
-    """Build engine `name` on `checkpoint` (`dtype` "auto": hardware.resolve_dtype); raises EngineUnavailable
-    with install advice when it cannot run here."""
+    """Build engine `name` on `checkpoint` (`dtype` "auto": hardware.resolve_dtype, for the `device` option where
+    one is given); raises EngineUnavailable with install advice when it cannot run here."""
     from workbench.hardware import resolve_dtype
 
-    dtype = resolve_dtype(dtype, name)
+    dtype = resolve_dtype(dtype, name, options.get("device"))
     ok, how = availability(name)
     if not ok:
         raise EngineUnavailable(f"engine {name!r} is not available here: {how}")

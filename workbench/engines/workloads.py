@@ -78,14 +78,18 @@ class SyntheticWorkload:
         self._low = 2  # ids 0/1 are often [UNK]/[PAD]-like specials in a base vocabulary
 
     @classmethod
-    def from_checkpoint(cls, shape: WorkloadShape, checkpoint: str | Path, soft_token: bool | None = None):
-        """Read the layout/catalog of `checkpoint`; `soft_token=None` follows the checkpoint: soft-token prompts
-        where it carries a projector (a user vector size in its metadata)."""
-        from workbench.model.checkpoint import CATALOG_FILE, read_meta
+    def from_checkpoint(cls, shape: WorkloadShape, checkpoint, soft_token: bool | None = None):
+        """Read the layout/catalog of `checkpoint` (a folder, or a LoadedCheckpoint such as the in-memory ones of
+        `random_checkpoint.random_model`); `soft_token=None` follows the checkpoint: soft-token prompts where it
+        carries a projector (a user vector size in its metadata)."""
+        from workbench.model.checkpoint import CATALOG_FILE, LoadedCheckpoint, read_meta
 
-        meta = read_meta(checkpoint)
-        cat = Path(checkpoint) / CATALOG_FILE
-        item_ids = meta.layout.item_codes_to_ids(np.load(cat)["item_codes"]) if cat.exists() else None
+        if isinstance(checkpoint, LoadedCheckpoint):
+            meta, item_ids = checkpoint.meta, checkpoint.catalog.item_token_ids
+        else:
+            meta = read_meta(checkpoint)
+            cat = Path(checkpoint) / CATALOG_FILE
+            item_ids = meta.layout.item_codes_to_ids(np.load(cat)["item_codes"]) if cat.exists() else None
         use_soft = (meta.user_vector_dim is not None) if soft_token is None else soft_token
         if use_soft and meta.user_vector_dim is None:
             raise ValueError(f"{checkpoint} has no soft-token projector; set soft_token to false")

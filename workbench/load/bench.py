@@ -306,7 +306,8 @@ def _child(parent, cfg: SweepConfig, entry: EngineEntry, checkpoint: Path, slo: 
 
     load = cfg.load
     requested = entry.dtype
-    entry = entry.model_copy(update={"dtype": resolve_dtype(entry.dtype, entry.name)})  # "auto" made concrete
+    # "auto" made concrete (for the engine's device option, where it has one)
+    entry = entry.model_copy(update={"dtype": resolve_dtype(entry.dtype, entry.name, entry.options.get("device"))})
     meta = read_meta(checkpoint)
     workload = make_workload(load, checkpoint, study)
     series = entry.label or entry.name

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import ConfigError, LoadConfig, section_hash
+from workbench.errors import UsageError
 from workbench.model.random_checkpoint import SIZES, WEIGHTS_VERSION, make_random_checkpoint, random_size
 
 
@@ -56,12 +57,13 @@ def resolve_checkpoint(spec: str, load: LoadConfig, study: StudySource | None = 
         if not (p / "workbench.json").exists():
             raise ConfigError(
                 f"load.checkpoints: {spec} is not a workbench checkpoint (no workbench.json); train one with "
-                f"`workbench run` or use random:<size>, one of {list(SIZES)} (workbench/model/random_checkpoint.py)"
+                f"`workbench run` or use random:<size>, one of {[n for n, s in SIZES.items() if s.on_disk]} "
+                "(workbench/model/random_checkpoint.py)"
             )
         return p.resolve()
     try:
-        size = random_size(spec.split(":", 1)[1])
-    except ValueError as e:
+        size = random_size(spec.split(":", 1)[1], for_disk=True)
+    except (ValueError, UsageError) as e:
         raise ConfigError(f"load.checkpoints: {e}") from None
     need = load.prompt_tokens + max(load.max_new_tokens, load.candidate_tokens) + 8
     max_pos = max(1024, 1 << (need - 1).bit_length())

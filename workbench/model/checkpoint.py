@@ -81,7 +81,7 @@ class CheckpointMeta:
 
 @dataclass
 class LoadedCheckpoint:
-    path: Path
+    path: Path | None  # None: built in memory (random_checkpoint.random_model), never on disk
     model: Any  # transformers PreTrainedModel (eval mode)
     tokenizer: Any  # transformers tokenizer
     meta: CheckpointMeta

@@ -1,10 +1,11 @@
 """`workbench microbench --floor`: how far one unloaded beam request is from this machine's compute floor, and why.
 
 Issue 6 asks the torch engine's low-load time per request to be within 1.3x of the *compute floor*:
-the request's FLOPs over this machine's matmul rate (a square 1024^3 GEMM, the best case for BLAS).
-That floor assumes every FLOP runs at the square-GEMM rate. The kernels a beam request actually needs
-do not: a decode step is a GEMM of only `beam` rows, and causal attention over a 512-token prompt is a
-chain of thin matmuls plus a softmax. So this benchmark measures, in one process and side by side:
+the request's FLOPs over this machine's matmul rate (a square GEMM, the best case for BLAS: 1024^3 on the CPU,
+8192^3 on a GPU, `hardware.default_gemm_n`). That floor assumes every FLOP runs at the square-GEMM rate. The
+kernels a beam request actually needs do not: a decode step is a GEMM of only `beam` rows, and causal attention
+over a 512-token prompt is a chain of thin matmuls plus a softmax. So this benchmark measures, in one process and
+side by side:
 
 1. the matmul floor (FLOPs / square-GEMM rate), per phase;
 2. the *kernel floor*: the same phases timed as the bare torch kernels the engine calls (every layer's
@@ -47,15 +48,19 @@ class Phase:
     kernel_ms: float
 
 
-def _best_ms(fn, repeats: int, sync=None) -> float:
+def _best_ms(fn, repeats: int, device=None) -> float:
+    """Best of `repeats` timed calls after two warm-up ones, in ms; on a CUDA device each call is waited for
+    (hardware.sync: its kernels run asynchronously), the warm-up too, so no call's time includes another's."""
+    from workbench.hardware import sync
+
     for _ in range(2):
         fn()
     best = float("inf")
     for _ in range(repeats):
+        sync(device)
         t0 = time.perf_counter()
         fn()
-        if sync is not None:  # CUDA kernels run asynchronously
-            sync()
+        sync(device)
         best = min(best, time.perf_counter() - t0)
     return best * 1000
 
@@ -71,13 +76,12 @@ def kernel_times(lm, prompt_len: int, beam: int, new_tokens: int, repeats: int =
     lw = lm.layers[0]  # every layer has the same shapes
     L = len(lm.layers)
     H, Hkv, D, g = lm.n_heads, lm.n_kv, lm.head_dim, lm.group
-    sync = torch.cuda.synchronize if lm.device.type == "cuda" else None
 
     def randn(*shape):
         return torch.randn(*shape, dtype=lm.dtype, device=lm.device)
 
     def best(fn) -> float:
-        return _best_ms(fn, repeats, sync)
+        return _best_ms(fn, repeats, lm.device)
 
     def gemms(m: int) -> float:
         x, xo, xi = randn(m, lm.hidden), randn(m, H * D), randn(m, lw.w_down.shape[1])
@@ -114,30 +118,30 @@ def kernel_times(lm, prompt_len: int, beam: int, new_tokens: int, repeats: int =
 
 
 def flops(lm, prompt_len: int, beam: int, new_tokens: int) -> dict[str, float]:
-    """FLOPs of one beam request by phase (causal prefill attention counted at half the square)."""
-    w = lm.flops_per_token(0)
-    attn_tok = lm.flops_per_token(1) - w  # attention FLOPs per token per key
-    steps = new_tokens - 1
-    return {
-        "prefill_gemm": w * prompt_len,
-        "prefill_attention": attn_tok * prompt_len * prompt_len / 2,
-        "decode_gemm": w * beam * steps,
-        "decode_attention": sum(attn_tok * beam * (prompt_len + t) for t in range(1, new_tokens)),
-        "lm_head": 2.0 * lm.lm_head.numel() * (1 + beam * steps),
-    }
+    """FLOPs of one beam request by phase, from the engine's model config (model/flops.py's count: the causal
+    prefill's query-key pairs are P (P + 1) / 2; the GPU probe predicts its floor with the same count)."""
+    from workbench.model.flops import beam_request_flops
+
+    return beam_request_flops(lm.config, prompt_len, beam, new_tokens)
 
 
 def engine_times(engine, workload: SyntheticWorkload, requests: int, sample_rate=None
                  ) -> list[tuple[float, float, float, float | None]]:
     """Unloaded requests one at a time: per request (total ms, prefill forward ms, decode forwards ms, matmul
-    GFLOP/s around it: the mean of `sample_rate()` just before and just after, None without `sample_rate`)."""
+    GFLOP/s around it: the mean of `sample_rate()` just before and just after, None without `sample_rate`).
+    Each forward is waited for on either side (hardware.sync), so on a CUDA device its time is its kernels', not
+    their launch; on the CPU that is a no-op."""
+    from workbench.hardware import sync
+
     lm = engine.lm
     calls: list[float] = []
     orig = lm.forward
 
     def timed_forward(x, segments, positions=None):
+        sync(lm.device)
         t0 = time.perf_counter()
         out = orig(x, segments, positions)
+        sync(lm.device)
         calls.append((time.perf_counter() - t0) * 1000)
         return out
 
@@ -167,6 +171,7 @@ def run_floor(checkpoint: Path, peak_gflops: float, *, prompt_len: int, beam: in
     torch engine's (compile, quantize). The matmul floor stays the float rate of `dtype`, also for int8.
     `sample_rate`: a short measurement of the `peak_gflops` GEMM, taken around every request (module doc)."""
     from workbench.engines.registry import create_engine
+    from workbench.hardware import default_gemm_n, device_name
 
     P, B, T = prompt_len, beam, new_tokens
     shape = WorkloadShape("beam_search", prompt_tokens=P, beam_width=B, max_new_tokens=T, constrained=False)
@@ -193,7 +198,7 @@ def run_floor(checkpoint: Path, peak_gflops: float, *, prompt_len: int, beam: in
     kpre = kern["prefill_gemm"] + kern["prefill_attention"] + kern["lm_head_prefill"]
     kdec = kfloor - kpre
     out = {
-        "engine": engine.name, "gemm": lm.gemm,
+        "engine": engine.name, "gemm": lm.gemm, "device": str(device), "device_name": device_name(device),
         "params_m": round(lm.n_params() / 1e6, 2), "prompt": P, "beam": B, "new_tokens": T, "dtype": dtype,
         "matmul_gflops": peak_gflops, "gflop": total_flop / 1e9,
         "matmul_floor_ms": floor, "kernel_floor_ms": kfloor,
@@ -207,7 +212,9 @@ def run_floor(checkpoint: Path, peak_gflops: float, *, prompt_len: int, beam: in
         "phases": [asdict(p) for p in phases],
     }
     print(f"\ncompute floor of one beam request ({engine.name}): {out['params_m']}M params, prompt {P}, beam {B}, "
-          f"{T} new tokens, unconstrained, {dtype}; matmul rate {peak_gflops:.1f} GFLOP/s (1024^3); layer GEMMs "
+          f"{T} new tokens, unconstrained, {dtype}; matmul rate {peak_gflops:.1f} GFLOP/s "
+          f"({default_gemm_n(device)}^3); "
+          f"{out['device_name']}; layer GEMMs "
           f"{lm.gemm} ({lm.gemm_why})")
     print(f"{'phase':<18} {'GFLOP':>7} {'matmul floor ms':>16} {'kernels alone ms':>17} {'kernel GFLOP/s':>15}")
     for p in phases:

@@ -2,7 +2,7 @@
 
 Measures, in one run (a script, not a timed test):
 
-- beam search (prompt 512, beam 30, 5 new tokens, constrained, 32 concurrent): torch vs hf, as
+- beam search (prompt 512, beam 30, 5 new tokens, constrained unless `--no-constrained`, 32 concurrent): torch vs hf, as
   time per request (hf runs requests one after another, so its per-request time is its wall time
   over the requests it ran; `--hf-requests` limits how many, since it is ~30x slower);
 - multi-item scoring (prompt 512, 500 candidates of 5 tokens): one pass vs fan-out (hf; with
@@ -50,7 +50,7 @@ from workbench import names, tracking
 from workbench.engines.torch import options as torch_options
 from workbench.errors import UsageError
 from workbench.perf import record
-from workbench.hardware import matmul_gflops
+from workbench.hardware import device_name, matmul_gflops
 from workbench.engines.workloads import SyntheticWorkload, WorkloadShape
 from workbench.model.random_checkpoint import SIZES, make_random_checkpoint, random_size
 
@@ -82,9 +82,13 @@ def parse_args(argv):
     p.add_argument("--checkpoint", default=None, help="use this checkpoint instead of a random one")
     p.add_argument("--quick", action="store_true", help="fewer hf requests/candidates and repeats (about a minute)")
     p.add_argument("--dtype", default="float32", choices=[*names.DTYPES, "both"],
-                   help="auto: bfloat16 where the CPU has AMX or AVX512-BF16, else float32; both (with --floor): "
+                   help="auto: bfloat16 on a CUDA device or where the CPU has AMX or AVX512-BF16, else float32; both "
+                        "(with --floor): "
                         "float32 then bfloat16 in one run, side by side")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (the JSON names the device's model)")
+    p.add_argument("--constrained", action=argparse.BooleanOptionalAction, default=True,
+                   help="side by side: beam search constrained to the catalog's SIDs (the default) or, with "
+                        "--no-constrained, free over the vocabulary (the floor is always unconstrained)")
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--beam", type=int, default=30)
     p.add_argument("--new-tokens", type=int, default=5, help="also the SID depth of the random catalog")
@@ -113,7 +117,7 @@ def build_checkpoint(size: str, sid_depth: int, prompt_len: int, folder: Path) -
     """
     depth_levels = (16,) * (sid_depth - 1)  # the dedup digit is the last level
     print(f"building a random {size} Qwen3 checkpoint (SID depth {sid_depth}) ...", file=sys.stderr)
-    kw = random_size(size).checkpoint_kwargs() | {"vocab_base": 1000}
+    kw = random_size(size, for_disk=True).checkpoint_kwargs() | {"vocab_base": 1000}
     return make_random_checkpoint(folder / f"ck_{size}", arch="qwen3", n_items=2000, levels=depth_levels,
                                   max_position_embeddings=max(1024, prompt_len + 64), seed=0, **kw)
 
@@ -144,6 +148,8 @@ def parse(argv) -> argparse.Namespace:
     from workbench.perf.abbench import parse_options
 
     args = parse_args(argv)
+    if not args.checkpoint:
+        random_size(args.model, for_disk=True)  # 1.7b is built in memory only (scripts/gpu_probe.sh measures it)
     args.options = torch_options.from_args(args)
     if args.ab:
         if args.options:
@@ -194,7 +200,7 @@ def run_floor_mode(args: argparse.Namespace, line: str) -> list[dict]:
     from workbench.hardware import resolve_dtype
     from workbench.perf.floorbench import run_floor
 
-    dtypes = ["float32", "bfloat16"] if args.dtype == "both" else [resolve_dtype(args.dtype)]
+    dtypes = ["float32", "bfloat16"] if args.dtype == "both" else [resolve_dtype(args.dtype, device=args.device)]
     outs = []
     with tempfile.TemporaryDirectory() as tmp:
         ck = checkpoint_for(args, Path(tmp))
@@ -247,7 +253,7 @@ class SideBySide:
     def workload(self, kind: str = "beam_search", beam: int | None = None, soft: bool = False) -> SyntheticWorkload:
         a = self.args
         shape = WorkloadShape(kind, prompt_tokens=a.prompt_len, beam_width=a.beam if beam is None else beam,
-                              max_new_tokens=a.new_tokens, constrained=True, candidates=a.candidates,
+                              max_new_tokens=a.new_tokens, constrained=a.constrained, candidates=a.candidates,
                               candidate_tokens=5)
         return SyntheticWorkload.from_checkpoint(shape, self.checkpoint, soft_token=soft)
 
@@ -347,6 +353,8 @@ def summarize(s: SideBySide, engine: str, n_params: int, peak: float, beam: dict
         "commit": tracking.git_commit(),
         "hardware": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
                     f"torch threads {torch.get_num_threads()}",
+        "device": a.device,
+        "device_name": device_name(a.device),  # the GPU's model on CUDA (the CPU's is in `hardware`)
         "torch": torch.__version__,
         "model": a.model,
         "engine": engine,
@@ -354,7 +362,7 @@ def summarize(s: SideBySide, engine: str, n_params: int, peak: float, beam: dict
         "dtype": a.dtype,
         "quick": a.quick,
         "workload": {"prompt": a.prompt_len, "beam": a.beam, "new_tokens": a.new_tokens,
-                     "concurrency": a.concurrency, "candidates": a.candidates, "constrained": True},
+                     "concurrency": a.concurrency, "candidates": a.candidates, "constrained": a.constrained},
         "beam_torch_s_per_req": per_req_torch,
         "beam_hf_s_per_req": beam["t_hf"],
         "beam_speedup": beam["t_hf"] / per_req_torch,
@@ -401,7 +409,8 @@ def print_side_by_side(out: dict, a: argparse.Namespace) -> None:
     ]
     print(f"\nmicrobench: {out['engine']} on {a.model} ({out['params_m']}M params, {a.dtype}), prompt {a.prompt_len}, "
           f"beam {a.beam}, "
-          f"{a.new_tokens} new, constrained, {a.concurrency} concurrent; {out['hardware']}")
+          f"{a.new_tokens} new, {'constrained' if a.constrained else 'unconstrained'}, {a.concurrency} concurrent; "
+          f"{out['hardware']}; device {a.device} ({out['device_name']})")
     w = max(len(r[0]) for r in rows)
     for name, val, ratio in rows:
         print(f"{name:<{w}}  {val:<24} {ratio}")
@@ -414,7 +423,7 @@ def run_side_by_side(args: argparse.Namespace, line: str) -> list[dict]:
 
     from workbench.hardware import resolve_dtype
 
-    args.dtype = resolve_dtype(args.dtype)
+    args.dtype = resolve_dtype(args.dtype, device=args.device)
     print(f"cpu: {line}; dtype {args.dtype}", file=sys.stderr)
     with tempfile.TemporaryDirectory() as tmp:
         s = SideBySide.of(args, checkpoint_for(args, Path(tmp)))

@@ -7,7 +7,7 @@ batches, its backbone and optimizer, and the training loop's own step (`study/tr
 fixed number of steps instead of epochs. Nothing is validated or saved.
 
 What it prints (and logs as one MLflow run in the experiment `perf`, `perf/record.py`):
-- item targets/s, tokens/s and training FLOP/s (counted as `study/flops.py` counts them) over the square-GEMM
+- item targets/s, tokens/s and training FLOP/s (counted as `model/flops.py` counts them) over the square-GEMM
   rate measured in the same process and dtype (the share of this CPU's matmul rate the training reaches);
 - the step's wall time by phase (collate, forward, backward, optimizer) and, from `--profile-steps` steps under
   `torch.profiler`, each phase's time by op kind (`OP_KINDS`: matmul, attention, loss, casts, fills,

@@ -236,6 +236,10 @@ class PrefixTrie:
     mask at depth t is `children[t][node] >= 0`, shifted into the full vocabulary. Banned items
     are handled by counting, per request, the banned leaves under each node: a child is allowed
     only while it still has at least one non-banned leaf.
+
+    The tables live on one device (`to(device)`; the CPU when built) and every tensor the methods make is made
+    there, by gathers and `where` (no boolean indexing, whose result size the host must wait for): a GPU
+    engine builds its per-step masks on the GPU, with no copy from the host.
     """
 
     def __init__(self, sid_token_ids: np.ndarray, vocab_size: int):
@@ -263,19 +267,36 @@ class PrefixTrie:
         self._node_of = torch.from_numpy(node_of)  # [n_items, depth+1]
         self._tok_lo = torch.from_numpy(self.block_lo)
 
+    @property
+    def device(self):
+        return self._node_of.device
+
+    def to(self, device) -> "PrefixTrie":
+        """This trie with its tables on `device` (a copy; self where they are there already)."""
+        import copy
+
+        import torch
+
+        if self.device == torch.device(device):
+            return self
+        out = copy.copy(self)
+        out._children = [c.to(device) for c in self._children]
+        out._leaf_counts = [c.to(device) for c in self._leaf_counts]
+        out._node_of, out._tok_lo = self._node_of.to(device), self._tok_lo.to(device)
+        return out
+
     def walk(self, prefixes):
         """Node ids (depth = prefixes.shape[1]) for a [B, t] LongTensor of SID tokens; -1 if invalid."""
         import torch
 
         b, t = prefixes.shape
-        node = torch.zeros(b, dtype=torch.long)
+        node = torch.zeros(b, dtype=torch.long, device=self.device)
         for d in range(t):
             col = prefixes[:, d] - int(self.block_lo[d])
             table = self._children[d]
             ok = (node >= 0) & (col >= 0) & (col < table.shape[1])
-            nxt = torch.full_like(node, -1)
-            nxt[ok] = table[node[ok], col[ok]]
-            node = nxt
+            nxt = table[node.clamp(min=0), col.clamp(0, table.shape[1] - 1)]  # read where ok, dropped elsewhere
+            node = torch.where(ok, nxt, -1)
         return node
 
     def banned_counts(self, banned: Sequence[Sequence[int]], depth: int):
@@ -284,21 +305,24 @@ class PrefixTrie:
 
         n_nodes = self._leaf_counts[depth].shape[0]
         banned = [sorted({int(x) for x in b}) for b in banned]  # an item listed twice is banned once
-        out = torch.zeros(len(banned), n_nodes, dtype=torch.long)
+        dev = self.device
+        out = torch.zeros(len(banned), n_nodes, dtype=torch.long, device=dev)
         rows = [torch.full((len(b),), i, dtype=torch.long) for i, b in enumerate(banned)]
         if rows and sum(len(b) for b in banned):
-            row = torch.cat(rows)
-            items = torch.as_tensor([int(x) for b in banned for x in b], dtype=torch.long)
+            row = torch.cat(rows).to(dev)
+            items = torch.as_tensor([int(x) for b in banned for x in b], dtype=torch.long, device=dev)
             out.index_put_((row, self._node_of[items, depth + 1]), torch.ones_like(row), accumulate=True)
         return out
 
-    def allowed_mask(self, prefixes, banned: Sequence[Sequence[int]] | None = None, banned_counts=None):
+    def allowed_mask(self, prefixes, banned: Sequence[Sequence[int]] | None = None, banned_counts=None,
+                     vocab_size: int | None = None):
         """Allowed next tokens for a batch of partial SIDs.
 
-        prefixes: [B, t] LongTensor of SID tokens generated so far (t < depth).
+        prefixes: [B, t] LongTensor of SID tokens generated so far (t < depth), on this trie's device.
         banned: per row, item indices that must not be completed (or pass `banned_counts`
         from `banned_counts(...)` precomputed per request and gathered per row).
-        Returns a [B, vocab_size] BoolTensor.
+        vocab_size: the mask's width where the model's vocabulary is padded beyond the layout's tokens (default:
+        the layout's vocabulary). Returns a [B, vocab_size] BoolTensor on this trie's device.
         """
         import torch
 
@@ -307,9 +331,7 @@ class PrefixTrie:
             raise ValueError(f"prefix length {t} >= SID depth {self.depth}: the SID is complete")
         node = self.walk(prefixes)  # [B]
         table = self._children[t]
-        kids = torch.full((b, table.shape[1]), -1, dtype=torch.long)
-        valid = node >= 0
-        kids[valid] = table[node[valid]]
+        kids = torch.where((node >= 0)[:, None], table[node.clamp(min=0)], -1)  # [B, width]: child id or -1
         ok = kids >= 0  # [B, width]
         if banned is not None or banned_counts is not None:
             if banned_counts is None:
@@ -318,7 +340,7 @@ class PrefixTrie:
             safe = kids.clamp(min=0)
             remaining = leaves[safe] - torch.gather(banned_counts, 1, safe)
             ok &= remaining > 0
-        mask = torch.zeros(b, self.vocab_size, dtype=torch.bool)
+        mask = torch.zeros(b, max(self.vocab_size, vocab_size or 0), dtype=torch.bool, device=self.device)
         lo = int(self.block_lo[t])
         mask[:, lo : lo + table.shape[1]] = ok
         return mask

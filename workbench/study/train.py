@@ -19,7 +19,7 @@ unless a measured step is clearly slower (`bf16: auto`, `BF16_SLOWER_LIMIT`). Af
 validation sample is ranked by constrained beam search *through the torch engine* (the same path as the
 final evaluation); the epoch with the best validation NDCG@10 is kept, training stops after `patience`
 epochs without improvement. Logged per epoch: loss, validation NDCG@10 / Recall@10, training FLOPs so far
-(`flops.py`), tokens/s.
+(`model/flops.py`), tokens/s.
 
 After every epoch, and every `save_every_s` seconds of training inside one, the whole training state
 (weights, optimizer, schedule, both RNGs, the best epoch so far, counters; inside an epoch also the numpy
@@ -524,7 +524,7 @@ class _Training:
 
     def count(self, lv: float, n_tok: int, n_logit: int, keys: int) -> None:
         """One optimizer step's counters (steps, tokens, FLOPs, the epoch's loss) and its logged loss."""
-        from workbench.study.flops import train_flops
+        from workbench.model.flops import train_flops
 
         self.step += 1
         self.tokens += n_tok

@@ -99,7 +99,7 @@ class WindowSet:
 
 def attended_pairs(w: Window) -> int:
     """(query, key) pairs a window's tokens attend, whatever the layout (`collate`): every stream token the stream up
-    to itself, every block token the stream before it and its own block up to itself (FLOPs, `flops.py`)."""
+    to itself, every block token the stream before it and its own block up to itself (FLOPs, `model/flops.py`)."""
     n = len(w.ids)
     if w.blocks is None:
         return n * (n + 1) // 2

@@ -43,22 +43,26 @@ def check_port(host: str, port: int) -> None:
 
 
 def serve(checkpoint, engine: str = "torch", host: str = "127.0.0.1", port: int = 8100, dtype: str = "float32",
-          **options) -> None:
-    """Load `checkpoint` into `engine` and serve it until SIGINT/SIGTERM (then close it cleanly).
+          device: str = "cpu", **options) -> None:
+    """Load `checkpoint` into `engine` on `device` (cpu | cuda | cuda:N) and serve it until SIGINT/SIGTERM (then
+    close it cleanly).
 
-    The cheap checks run first (a free port, a checkpoint folder with safetensors weights), so a
-    mistake is reported in a second instead of after the model has loaded."""
+    The cheap checks run first (a free port, a checkpoint folder with safetensors weights, a device this machine
+    has), so a mistake is reported in a second instead of after the model has loaded."""
+    from workbench.engines.checks import require_device
     from workbench.model.checkpoint import read_meta, require_safetensors
 
     check_port(host, port)
     meta = read_meta(checkpoint)
     require_safetensors(checkpoint)
+    device = require_device(device)
     import uvicorn
 
     from workbench.engines.registry import create_engine
 
-    eng = create_engine(engine, checkpoint=checkpoint, dtype=dtype, **options)
-    print(f"engine {getattr(eng, 'name', engine)} ({getattr(eng, 'dtype', dtype)}) on {checkpoint}", flush=True)
+    eng = create_engine(engine, checkpoint=checkpoint, dtype=dtype, device=device, **options)
+    print(f"engine {getattr(eng, 'name', engine)} ({getattr(eng, 'dtype', dtype)}) on {checkpoint}, device {device}",
+          flush=True)
     if host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: binding {host}: the server has no authentication", flush=True)
     from workbench.engines.serving.app import create_app

@@ -51,7 +51,7 @@ from workbench.engines.base import (
     validate_beam_request,
     validate_score_request,
 )
-from workbench.engines.checks import validate_constraint, validate_projected
+from workbench.engines.checks import require_device, validate_constraint, validate_projected
 from workbench.engines.torch.options import variant_name
 from workbench.engines.torch.search import (
     banned_counts_by_depth,
@@ -63,7 +63,15 @@ from workbench.engines.torch.search import (
     select_beams,
     select_beams_stacked,
 )
-from workbench.engines.torch.segments import KVLayout, PrefillSegment, decode_segment, pad_prompt_kv, score_segment
+from workbench.engines.torch.segments import (
+    KVLayout,
+    PrefillSegment,
+    PromptKVBuffer,
+    decode_segment,
+    pad_prompt_kv,
+    score_segment,
+)
+from workbench.hardware import sync
 
 
 def _import_torch():
@@ -100,7 +108,7 @@ class _Job:
     first_logprobs: object = None  # [vocab] log-probs after the prompt
     # beam state
     tokens: object = None  # [B_live, s] LongTensor of generated tokens
-    cum: object = None  # [B_live] float64
+    cum: object = None  # [B_live] in FastLM.logprob_dtype (float64 on the CPU, float32 on a GPU)
     own_kv: list | None = None  # per layer (k, v) [B_live, Hkv, s-1, D]
     banned_counts: list | None = None  # per depth [1, n_nodes] banned leaves under each trie node
     parents: object = None  # [B_live] parent beam of each beam after the last selection
@@ -146,8 +154,7 @@ class TorchEngine:
         from workbench.model.checkpoint import LoadedCheckpoint, load_checkpoint
         from workbench.engines.torch.model import FastLM, check_options
 
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise RequestError(f"device {device!r} requested but torch sees no CUDA device; use device='cpu'")
+        device = require_device(device)  # a GPU this machine lacks: DeviceError, before anything loads
         check_options(getattr(torch, dtype), device, batch_invariant, quantize)  # before the checkpoint loads
         if num_threads:
             torch.set_num_threads(int(num_threads))
@@ -162,7 +169,7 @@ class TorchEngine:
         self._kv = KVLayout.of(self.lm, self.device)
         self.projector = ck.projector.to(self.device) if ck.projector is not None else None
         self.catalog = ck.catalog
-        self.trie = ck.catalog.trie()
+        self.trie = ck.catalog.trie().to(self.device)  # the per-step masks are built on the device (search.py)
         self.max_batch_tokens = int(max_batch_tokens)
         layout = ck.meta.layout
         self.limits = Limits(
@@ -188,8 +195,7 @@ class TorchEngine:
         self._queue: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         self._closed = False
-        self._prompt_cache_key = None
-        self._prompt_cache = None
+        self._prompt_kv = PromptKVBuffer(self._kv)  # the decoding requests' padded prompt KV (worker thread only)
 
     # ---- capabilities ------------------------------------------------------------------------
     @staticmethod
@@ -342,6 +348,8 @@ class TorchEngine:
             waiting = [j for j in waiting if j not in pre]
             decoding = [j for j in decoding if not j.done] + [j for j in pre if j.kind == "beam" and not j.done]
             scoring = [j for j in scoring if not j.done] + [j for j in pre if j.kind == "score" and not j.done]
+            if not decoding:
+                self._prompt_kv.clear()  # idle: no padded prompt KV held for requests that are gone
             self._track_kv(decoding)
 
     def _fail(self, j: _Job, msg: str) -> None:
@@ -398,6 +406,7 @@ class TorchEngine:
             n = seg.n_rows
             last = torch.cumsum(torch.as_tensor(seg.lengths, device=h.device), 0) - 1
             lp = lm.log_probs(h[last])  # [n_prompts, vocab]
+            sync(self.device)  # the first token's time is when its log-probs exist, not when their kernels launched
             now = time.perf_counter()
             for i, j in enumerate(pre):
                 j.prompt_kv = [kv[i] for kv in seg.kv]
@@ -457,25 +466,17 @@ class TorchEngine:
             x[p.placeholder_pos] = row
         return x
 
-    def _shared_prompt_kv(self, jobs: list[_Job], cache: bool = True):
-        """Prompt KV of `jobs` padded into [R, Hkv, Pmax, D] per layer; cached while the set is unchanged."""
-        torch = _import_torch()
-        key = tuple(j.serial for j in jobs)
-        if cache and key == self._prompt_cache_key:
-            return self._prompt_cache
-        lens = torch.as_tensor([j.prompt_len for j in jobs], device=self.device)
-        out = pad_prompt_kv([j.prompt_kv for j in jobs], lens, self._kv)
-        if cache:
-            self._prompt_cache_key, self._prompt_cache = key, (out, lens)
-        return out, lens
-
     def _decode_segment(self, dec: list[_Job]):
-        seg, last = decode_segment([j.tokens for j in dec], [j.own_kv for j in dec], *self._shared_prompt_kv(dec),
-                                   self._kv)
+        # the decoding set's prompt KV, padded: kept from step to step, only newcomers copied in (PromptKVBuffer)
+        prompt_kv, lens = self._prompt_kv.get([j.serial for j in dec], [j.prompt_kv for j in dec],
+                                              [j.prompt_len for j in dec])
+        seg, last = decode_segment([j.tokens for j in dec], [j.own_kv for j in dec], prompt_kv, lens, self._kv)
         return seg, self.lm.embed_ids(last)
 
     def _score_segment(self, sc: list[_Job]):
-        prompt_kv, plens = self._shared_prompt_kv(sc, cache=False)  # score sets are one-shot
+        torch = _import_torch()
+        plens = torch.as_tensor([j.prompt_len for j in sc], device=self.device)
+        prompt_kv = pad_prompt_kv([j.prompt_kv for j in sc], plens, self._kv)  # score sets are one-shot
         seg, toks = score_segment([j.req.candidates for j in sc], prompt_kv, plens, self.device)
         return seg, self.lm.embed_ids(toks)
 
@@ -487,14 +488,15 @@ class TorchEngine:
             if j.banned_counts is None:
                 j.banned_counts = banned_counts_by_depth(self.trie, j.req.banned_items, self.catalog.depth)
             counts = j.banned_counts[int(prefixes.shape[1])].expand(prefixes.shape[0], -1)
-        return constraint_mask(self.trie, prefixes, self.lm.vocab_size, self.device, counts)
+        return constraint_mask(self.trie, prefixes, self.lm.vocab_size, counts)
 
     def _allowed_logp(self, j: _Job, logp):
         """`logp` [B, vocab] with the tokens that constrained job `j` may not take next at -inf."""
         if not j.req.constrained:
             return logp
         torch = _import_torch()
-        prefixes = j.tokens if j.tokens is not None else torch.zeros(logp.shape[0], 0, dtype=torch.long)
+        prefixes = j.tokens if j.tokens is not None else torch.zeros(logp.shape[0], 0, dtype=torch.long,
+                                                                     device=logp.device)
         return logp.masked_fill(~self._mask(j, prefixes), float("-inf"))
 
     def _select(self, j: _Job, cum, logp) -> None:

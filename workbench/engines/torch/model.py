@@ -97,6 +97,21 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, block: int =
     return out
 
 
+def logprob_dtype(device, dtype: torch.dtype) -> torch.dtype:
+    """The dtype the log-softmax over the vocabulary runs in (and beam scores accumulate in).
+
+    float64 on the CPU, as it always has: the results recorded so far (rankings, variant quality, the parity
+    suite's float64 logic check) were computed so, and with it cumulative beam scores differ across batch
+    compositions only by the logits' own rounding, not by float32 sums of ~-30; at a CPU's row counts it costs
+    little. float32 on a GPU: float64 runs at 1/2 (H100-class) down to 1/64 (consumer parts) of the float32 rate
+    there, and at the seeds' shape the full-vocabulary rows are large (500 candidates x 4 rows x 151,936 columns:
+    2.4 GB in float64). What float32 changes is inside the derived bound (engines/numerics.py): the log-sum-exp
+    over the vocabulary is one of the sums its path counts (the `vocab` term of `path_terms`), and a 5-token
+    cumulative score adds ~5 float32 roundings of ~30 (1e-5), far below the bf16 bound the GPU runs under. A
+    float64 model keeps float64 everywhere."""
+    return torch.float64 if torch.device(device).type == "cpu" or dtype == torch.float64 else torch.float32
+
+
 def check_options(dtype: torch.dtype, device, batch_invariant: bool, quantize: str | None) -> None:
     """UnsupportedOption, with what to do instead, for a `quantize` the forward cannot run."""
     if quantize is None:
@@ -127,6 +142,7 @@ class FastLM:
         "auto" (packed oneDNN where it is faster, onednn.py), "default" (F.linear) or "onednn".
         See the module docstring."""
         cfg = hf_model.config
+        self.config = cfg  # the source model's shape (FLOP counts read it: model/flops.py)
         self.batch_invariant = batch_invariant
         check_options(dtype, device, batch_invariant, quantize)
         self.quantize = quantize
@@ -140,6 +156,7 @@ class FastLM:
             raise UnsupportedModel(f"activation {cfg.hidden_act!r} is not implemented (silu only)")
         self.device = torch.device(device)
         self.dtype = dtype
+        self.logprob_dtype = logprob_dtype(self.device, dtype)
         self.n_heads = cfg.num_attention_heads
         self.n_kv = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -241,9 +258,8 @@ class FastLM:
         return linear(h, self.lm_head, blocked=self.batch_invariant)
 
     def log_probs(self, h: Tensor) -> Tensor:
-        # float64 normalization and (downstream) accumulation: cumulative beam scores then differ
-        # across batch compositions only by the logits' own rounding, not by float32 sums of ~-30.
-        return torch.log_softmax(self.logits(h).double(), dim=-1)
+        """Log-probs [N, vocab] over the whole vocabulary, in `logprob_dtype` (float64 on the CPU, float32 on a GPU)."""
+        return torch.log_softmax(self.logits(h).to(self.logprob_dtype), dim=-1)
 
     # ---- the forward -------------------------------------------------------------------------
     @torch.inference_mode()

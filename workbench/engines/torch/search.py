@@ -39,14 +39,12 @@ def banned_counts_by_depth(trie, banned_items: Sequence[int], depth: int) -> lis
     return [trie.banned_counts([list(banned_items)], d) for d in range(depth)]
 
 
-def constraint_mask(trie, prefixes, vocab_size: int, device, banned_counts=None):
-    """Allowed-token mask [B, vocab_size] after `prefixes` [B, t]; `banned_counts` [B, n_nodes] at depth t."""
-    import torch
+def constraint_mask(trie, prefixes, vocab_size: int, banned_counts=None):
+    """Allowed-token mask [B, vocab_size] after `prefixes` [B, t]; `banned_counts` [B, n_nodes] at depth t.
 
-    m = trie.allowed_mask(prefixes.cpu(), banned_counts=banned_counts)
-    if m.shape[1] < vocab_size:  # model vocab padded beyond the layout's tokens
-        m = torch.nn.functional.pad(m, (0, vocab_size - m.shape[1]))
-    return m.to(device)
+    Built where the trie's tables are (the engine moves them to its device once): on a GPU no mask is made on the
+    host and copied each step, and the prefixes (already there) never go back to the host."""
+    return trie.allowed_mask(prefixes.to(trie.device), banned_counts=banned_counts, vocab_size=vocab_size)
 
 
 def select_beams(tokens, cum, logp, beam_width: int) -> Selection | None:
@@ -123,9 +121,9 @@ def candidate_scores(log_probs: Callable, h, candidates: Sequence[Sequence[int]]
     not_last[ends.to(h.device)] = False
     lp_rows = log_probs(h[not_last])  # rows predicting the next candidate token
     nxt = toks[1:][not_last[:-1]]
-    per_tok = torch.zeros(rows, dtype=torch.float64, device=h.device)
-    per_tok[torch.nonzero(~(i_idx == 0)).squeeze(1)] = torch.gather(lp_rows, 1, nxt[:, None]).squeeze(1)
+    per_tok = torch.zeros(rows, dtype=torch.float64, device=h.device)  # summed in float64 whatever the log-probs' dtype
+    per_tok[torch.nonzero(~(i_idx == 0)).squeeze(1)] = torch.gather(lp_rows, 1, nxt[:, None]).squeeze(1).double()
     first = torch.as_tensor([c[0] for c in candidates], device=h.device)
-    per_tok[(i_idx == 0).nonzero().squeeze(1)] = first_logprobs[first]
+    per_tok[(i_idx == 0).nonzero().squeeze(1)] = first_logprobs[first].double()
     cand_of_row = torch.repeat_interleave(torch.arange(len(lens), device=h.device), lens.to(h.device))
     return torch.zeros(len(lens), dtype=per_tok.dtype, device=h.device).index_add_(0, cand_of_row, per_tok).tolist()

@@ -14,6 +14,8 @@ Pieces (one multiply-add = 2 FLOPs; forward only unless said):
   counters (and dense kernels) charge the full T x T square.
 - `lm_head_flops`: 2 x hidden x vocab_rows per logit row.
 - `train_flops`: 3 x forward (the backward pass costs ~2x the forward: grads of inputs and weights).
+- `beam_request_flops`, `score_request_flops`: one serving request by phase, from the pieces above (the floor
+  benchmark and the GPU probe divide them by a measured GEMM rate: the compute floor of a request).
 
 `config` is a transformers config (Qwen3Config, LlamaConfig): hidden_size, intermediate_size,
 num_hidden_layers, num_attention_heads, num_key_value_heads and head_dim (hidden/heads if absent).
@@ -80,3 +82,33 @@ def train_flops(config: Any, tokens: float, logit_rows: float, vocab_rows: int |
     the batch's sequences (or len**2 each if the kernel computes the full square).
     """
     return 3.0 * forward_flops(config, tokens, logit_rows, vocab_rows, attended_keys)
+
+
+def beam_request_flops(config: Any, prompt: int, beam: int, new_tokens: int) -> dict[str, float]:
+    """Forward FLOPs of one beam-search request by phase: the prompt's causal prefill, then `new_tokens - 1` decode
+    steps of `beam` rows, step t's rows attending to the prompt and their t tokens so far; logits for the prompt's
+    last row and for every decode row (the first token comes from the prefill's logits)."""
+    steps = new_tokens - 1
+    per_token = matmul_flops_per_token(config)
+    return {
+        "prefill_gemm": per_token * prompt,
+        "prefill_attention": attention_flops(config, 1, causal_pairs(prompt)),
+        "decode_gemm": per_token * beam * steps,
+        "decode_attention": sum(attention_flops(config, beam, prompt + t) for t in range(1, new_tokens)),
+        "lm_head": lm_head_flops(config, 1 + beam * steps),
+    }
+
+
+def score_request_flops(config: Any, prompt: int, candidates: int, candidate_tokens: int) -> dict[str, float]:
+    """Forward FLOPs of one multi-item scoring request (sequence mode) by phase: the prompt's causal prefill, then
+    every candidate's tokens in one pass, token i attending to the prompt and the candidate's first i tokens; logits
+    for the prompt's last row and each candidate's rows but its last (the rows that predict a next token)."""
+    rows = candidates * candidate_tokens
+    return {
+        "prefill_gemm": matmul_flops_per_token(config) * prompt,
+        "prefill_attention": attention_flops(config, 1, causal_pairs(prompt)),
+        "candidate_gemm": matmul_flops_per_token(config) * rows,
+        "candidate_attention": attention_flops(config, candidates, prompt * candidate_tokens
+                                               + causal_pairs(candidate_tokens)),
+        "lm_head": lm_head_flops(config, 1 + candidates * (candidate_tokens - 1)),
+    }
