@@ -394,3 +394,20 @@ def test_bf16_auto_is_the_cpus_choice_unless_bf16_is_clearly_slower():
 
     assert bf16_from_timings(1.0, 0.5) and bf16_from_timings(1.0, 1.0) and bf16_from_timings(1.0, 1.1)
     assert not bf16_from_timings(1.0, BF16_SLOWER_LIMIT) and not bf16_from_timings(1.0, 2.0)
+
+
+def test_bf16_auto_on_a_cuda_device_is_bf16_without_timing_a_step():
+    """On a CUDA device `bf16: auto` is bf16 (hardware.auto_dtype's rule), decided without timing steps (their
+    kernels run asynchronously: a CPU clock around them times the launch). Fault: the CUDA branch removed -> the
+    step is timed -> the stand-in step raises."""
+    from workbench.study.train import choose_bf16
+
+    class Untimed:
+        device = "cuda:0"
+
+        def loss(self, *a):
+            raise AssertionError("a step was timed on a CUDA device")
+
+    use, info = choose_bf16("auto", Untimed(), None, None)
+    assert use is True and "CUDA" in info["bf16_reason"]
+    assert choose_bf16(False, Untimed(), None, None)[0] is False  # an explicit setting stays as it is

@@ -57,7 +57,9 @@ OP_KINDS: dict[str, tuple[str, ...]] = {
 }
 OTHER_KIND = "elementwise"
 ENGINE = "torch training"  # the `engine` of a document, as the engine benchmarks name theirs
-OVERHEAD = "overhead"  # a phase's wall time its ops do not account for (Python, dispatch, autograd bookkeeping)
+# a phase's wall time its aten ops do not account for (Python, dispatch, autograd bookkeeping; under training.compile
+# also inductor's fused kernels, which are not aten ops)
+OVERHEAD = "overhead"
 
 
 def op_kind(name: str) -> str:

@@ -287,17 +287,19 @@ BF16_TIMED_STEPS = 4
 
 
 def choose_bf16(setting, step: _Step, ws, idx) -> tuple[bool, dict]:
-    """`bf16: auto`: bf16 autocast where the CPU has bf16 instructions, unless a measured training step
-    (forward + backward, no update) is `BF16_SLOWER_LIMIT` times float32's or slower. Returns (choice, the
-    timings and why)."""
-    from workbench.hardware import has_bf16_instructions
+    """`bf16: auto`: bf16 autocast on a CUDA device (`hardware.auto_dtype`), and on the CPU where it has bf16
+    instructions unless a measured training step (forward + backward, no update) is `BF16_SLOWER_LIMIT` times
+    float32's or slower. Returns (choice, the timings and why)."""
+    from workbench.hardware import has_bf16_instructions, is_cuda
 
     if setting in (True, False):
         return bool(setting), {"bf16_setting": str(setting)}
+    if is_cuda(step.device):
+        return True, {"bf16_setting": "auto", "bf16_reason": f"a CUDA device ({step.device})"}
     if not has_bf16_instructions():
         return False, {"bf16_setting": "auto", "bf16_reason": "no AVX512-BF16/AMX on this CPU"}
     times = {}
-    for bf16 in (False, True) * BF16_TIMED_STEPS:
+    for bf16 in (False, True) * BF16_TIMED_STEPS:  # (the CPU only: a CUDA device took bf16 above, untimed)
         t0 = time.perf_counter()
         loss = step.loss(ws, idx, bf16)[0]
         loss.backward()
@@ -414,7 +416,7 @@ class _Training:
             self.use_bf16, self.bf16_info = dist.broadcast(choice)
         if self.st.compile:  # after the dtype's timed steps: those time the steps, not a compilation
             self.step_fn.compile_backbone()
-        self.peak = matmul_gflops("bfloat16" if self.use_bf16 else "float32", seconds=0.5) * 1e9
+        self.peak = matmul_gflops("bfloat16" if self.use_bf16 else "float32", device=self.device, seconds=0.5) * 1e9
         self.meta = make_meta(self.method, self.layout, self.sid_version, self.backbone.name,
                               methods.get(self.method).layout, self.user_dim,
                               {"lr": self.st.lr, "trainable": self.st.trainable, "pretrained": self.backbone.pretrained,
