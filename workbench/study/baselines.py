@@ -59,6 +59,9 @@ class SasrecSettings:
     patience: int = 5
     seed: int = 0
     progress: bool = True
+    # "chunked": the full-softmax loss in row chunks over the positions with a target (study/lm_loss.py; the same
+    # function in float32, a step 1.75x faster on ML-1M's batches); "full": the [B, L, n_items] logits kept
+    loss: str = "chunked"
 
 
 @dataclass
@@ -158,6 +161,20 @@ def sasrec_windows(train: Sequence[np.ndarray], max_len: int) -> list[np.ndarray
     return out
 
 
+def sasrec_loss(model, x, y, kind: str = "chunked"):
+    """Mean full-softmax cross-entropy over the positions of `x` [B, L] with a target in `y` [B, L] (-1: none)."""
+    import torch
+
+    h = model(x)  # [B, L, H]
+    if kind == "full":
+        logits = model.logits(h)  # [B, L, n_items]
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=-1)
+    from workbench.study.lm_loss import chunked_lm_loss
+
+    flat, keep = y.reshape(-1), y.reshape(-1) >= 0
+    return chunked_lm_loss(h.reshape(-1, h.shape[-1])[keep], model.item.weight[1:], flat[keep], torch.float32)
+
+
 def train_sasrec(
     train: Sequence[np.ndarray], valid: np.ndarray, n_items: int, st: SasrecSettings, log_fn=None,
     resume_file: Path | None = None,
@@ -205,8 +222,7 @@ def train_sasrec(
         for s in range(0, len(order), st.batch_size):
             idx = order[s : s + st.batch_size]
             x, y = torch.from_numpy(x_all[idx]), torch.from_numpy(y_all[idx])
-            logits = model.logits(model(x))  # [B, L, n_items]
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, n_items), y.reshape(-1), ignore_index=-1)
+            loss = sasrec_loss(model, x, y, st.loss)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
