@@ -153,8 +153,10 @@ def test_load_report_keys_series_by_dtype(reports):
     assert sorted(s.summary["dtype"]) == ["bfloat16", "float32"] and len(s.parents) == 2
     figs = report.figures(s)
     lat = next(f for t, f in figs.items() if t.endswith("latency vs achieved QPS"))
-    assert sorted(t.name for t in lat.data) == ["torch · bfloat16 p50", "torch · bfloat16 p99",
-                                                "torch · float32 p50", "torch · float32 p99"]  # fmt: skip
+    series = sorted(t.name for t in lat.data if not t.name.startswith("SLO "))
+    assert series == ["torch · bfloat16 p50", "torch · bfloat16 p99", "torch · float32 p50", "torch · float32 p99"]
+    (slo,) = [t for t in lat.data if t.name.startswith("SLO ")]  # the SLO as a line in data units (load/plots.py)
+    assert len(set(slo.y)) == 1 and not lat.layout.shapes
     cost = next(f for t, f in figs.items() if t.endswith("cost per 1M requests"))
     assert sorted(x for t in cost.data for x in t.x) == ["torch · bfloat16", "torch · float32"]
 
@@ -193,8 +195,46 @@ _INSPECT = """() => [...document.querySelectorAll('.js-plotly-plot')].map(el => 
           drawn: el._fullData.map((t, i) => drawn[i] || 0),
           ys: el._fullData.map((t, i) => el.calcdata[i].map(p => p.s !== undefined ? p.s : p.y)),
           lines: el._fullData.map((t, i) => t.type === 'scatter' && t.mode.includes('lines')
-                                  ? el.calcdata[i].map(p => p.x).filter(Number.isFinite) : null)};
+                                  ? el.calcdata[i].map(p => p.x).filter(Number.isFinite) : null),
+          axes: Object.fromEntries(['xaxis', 'yaxis'].filter(a => el._fullLayout[a])
+                  .map(a => [a[0], {type: el._fullLayout[a].type, range: el._fullLayout[a].range.slice()}])),
+          data: {x: el.calcdata.flatMap(c => c.map(p => p.x)).filter(Number.isFinite),
+                 y: el.calcdata.flatMap(c => c.map(p => p.s !== undefined ? p.s : p.y)).filter(Number.isFinite)},
+          shapes: (el._fullLayout.shapes || []).map(sh => ({xref: sh.xref, yref: sh.yref, x0: sh.x0, x1: sh.x1,
+                                                            y0: sh.y0, y1: sh.y1}))};
 })"""
+
+
+def axis_problems(fig: dict) -> list[str]:
+    """What a reader would see wrong on a figure's numeric axes: a visible range that misses plotted data, or spans
+    far more than it (a log axis over more than 2 decades beyond its data's, a linear one over more than 10x the
+    data's scale on either side), or a reference line (a shape) outside it. Plotly gives a log axis's range, and
+    takes a shape's coordinates on it, in log10 units."""
+    out = []
+    for a, ax in fig["axes"].items():
+        vals = fig["data"][a]
+        if ax["type"] not in ("linear", "log") or not vals:
+            continue
+        lo, hi = ax["range"]
+        if ax["type"] == "log":
+            vals = [math.log10(v) for v in vals if v > 0]
+            if not vals:
+                continue
+        dlo, dhi = min(vals), max(vals)
+        span = dhi - dlo
+        if lo > dlo + 1e-9 * max(1.0, abs(dlo)) or hi < dhi - 1e-9 * max(1.0, abs(dhi)):
+            out.append(f"{fig['title']}: {a} axis {ax['range']} does not show its data [{dlo}, {dhi}]")
+        # (one value v: plotly shows v - 1 .. v + 1)
+        scale = 10 * max(span, abs(dlo), abs(dhi)) if span > 0 else max(10 * abs(dhi), 1.0)
+        slack = 2.0 if ax["type"] == "log" else scale
+        if lo < dlo - slack or hi > dhi + slack:
+            out.append(f"{fig['title']}: {a} axis ({ax['type']}) runs {ax['range']} for data [{dlo}, {dhi}]")
+        for sh in fig["shapes"]:
+            if sh[f"{a}ref"] == a:
+                for v in (sh[f"{a}0"], sh[f"{a}1"]):
+                    if isinstance(v, (int, float)) and not lo <= v <= hi:
+                        out.append(f"{fig['title']}: a reference line at {a}={v} is outside the {a} axis {ax['range']}")
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -238,6 +278,7 @@ def test_report_draws_in_chromium(reports, browser, kind):
         assert not blank, f"{f['title']}: traces that drew nothing: {blank}"
         for name, xs in zip(f["names"], f["lines"]):
             assert xs is None or xs == sorted(xs), f"{f['title']}: {name} zig-zags: x in drawing order {xs}"
+        assert not axis_problems(f), axis_problems(f)
     assert got["scroll_width"] <= got["width"], f"page {got['scroll_width']} px wide in a {got['width']} px window"
     titles = [f["title"] for f in figs]
     if kind in ("study", "join"):

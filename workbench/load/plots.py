@@ -89,9 +89,13 @@ def latency_vs_qps(points, slo_ms: float | None = None, title: str = "Latency vs
                 hovertemplate=f"{s} {lab}: %{{y:.1f}} ms at %{{x:.2f}} req/s"
                 "<br>offered %{customdata[0]:.2f} req/s, failures %{customdata[1]}<extra></extra>",
             ))  # fmt: skip
-    if slo_ms is not None and math.isfinite(slo_ms):
-        fig.add_hline(y=slo_ms, line=dict(color="black", dash="dot"), annotation_text=f"SLO {slo_ms:.0f} ms",
-                      annotation_position="top left")  # fmt: skip
+    xs = points["achieved_qps"][points["achieved_qps"].map(math.isfinite)] if len(points) else []
+    if slo_ms is not None and math.isfinite(slo_ms) and len(xs):
+        # a trace, not add_hline: on this log axis plotly reads a shape's y as log10 of the value, so a line at
+        # y=190 ms sat at 10^190 and the autorange followed it, flattening every series (reports before 2026-12-04)
+        fig.add_trace(go.Scatter(x=[float(xs.min()), float(xs.max())], y=[slo_ms, slo_ms], mode="lines",
+                                 name=f"SLO {slo_ms:.0f} ms", line=dict(color="black", dash="dot"),
+                                 hovertemplate=f"SLO {slo_ms:.0f} ms<extra></extra>"))  # fmt: skip
     fig.update_layout(title=title, xaxis_title="achieved throughput (req/s)", yaxis_title="end-to-end latency (ms)",
                       yaxis_type="log", template="plotly_white", legend_title="engine")  # fmt: skip
     return fig
