@@ -72,9 +72,10 @@ def test_one_configuration_json_and_mlflow_run(study_file, capsys):
 
 
 def test_ab_alternates_two_configurations_on_the_same_windows(study_file, capsys):
-    doc = _run(capsys, [str(study_file), "--method", "text_history", "--ab", "training.attention=sdpa,training.loss=full",
-                        "", "--rounds", "2", "--round-steps", "1", "--warmup-steps", "0", "--profile-steps", "0",
-                        "--threads", "1", "--no-track"])
+    old_paths = "training.attention=sdpa,training.loss=full"
+    doc = _run(capsys, [str(study_file), "--method", "text_history", "--ab", old_paths, "", "--rounds", "2",
+                        "--round-steps", "1", "--warmup-steps", "0", "--profile-steps", "0", "--threads", "1",
+                        "--no-track"])
     assert doc["mode"] == "train_ab" and len(doc["per_round_ratio"]) == 2
     assert doc["a"]["overrides"] == {"training": {"attention": "sdpa", "loss": "full"}} and doc["b"]["overrides"] == {}
     assert doc["a"]["targets"] == doc["b"]["targets"]  # the same batches, in the same order, on both sides

@@ -15,7 +15,7 @@ The mask a batch carries says which layout it is in: None (plain causal windows)
 layout, `split_blocks=False`), or [B, 1, R, L] with R < L: the last R tokens are the blocks, the first L - R the
 stream. It arrives additive, in the compute dtype (`additive_mask`), so SDPA does not convert it in every layer.
 Causal windows without blocks that are short take plain matmuls instead (`EAGER_MAX_LEN`). Registered with
-transformers' `AttentionInterface` as `NAME`; `window_logits` turns it on around the forward only,
+transformers' `AttentionInterface` as `NAME`; `windows.window_hidden` turns it on around the forward only,
 so checkpoints, the engines and evaluation never see it.
 """
 

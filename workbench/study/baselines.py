@@ -60,8 +60,8 @@ class SasrecSettings:
     seed: int = 0
     progress: bool = True
     # "chunked": the full-softmax loss in row chunks over the positions with a target (study/lm_loss.py; the same
-    # function in float32; a step 1.3x faster at ML-1M's shape, docs/results/2026-12-04-training-throughput-intel-amx.md);
-    # "full": the [B, L, n_items] logits kept
+    # function in float32; a step 1.3x faster at ML-1M's shape: docs/results/2026-12-04-training-throughput-
+    # intel-amx.md); "full": the [B, L, n_items] logits kept
     loss: str = "chunked"
 
 

@@ -295,7 +295,8 @@ def window_logits(model, ids, positions, mask, loss_at, placeholder_pos=None, us
                   windows_attention: bool = True):
     """Logits [n_loss, vocab] at the loss positions of a collated batch (soft token injected): `window_hidden`
     through the LM head."""
-    hs = window_hidden(model, ids, positions, mask, loss_at, placeholder_pos, user_vectors, projector, windows_attention)
+    hs = window_hidden(model, ids, positions, mask, loss_at, placeholder_pos, user_vectors, projector,
+                       windows_attention)
     return model.get_output_embeddings()(hs)
 
 
@@ -318,5 +319,6 @@ def window_hidden(model, ids, positions, mask, loss_at, placeholder_pos=None, us
         on = torch.is_autocast_enabled(emb.device.type)
         mask = additive_mask(mask, torch.get_autocast_dtype(emb.device.type) if on else emb.dtype)
     with windows_attention_on(model) if windows_attention else contextlib.nullcontext():
-        h = (model.base_model if backbone is None else backbone)(inputs_embeds=emb, attention_mask=mask, position_ids=positions).last_hidden_state
+        run = model.base_model if backbone is None else backbone
+        h = run(inputs_embeds=emb, attention_mask=mask, position_ids=positions).last_hidden_state
     return h[loss_at[0], loss_at[1]]  # [n_loss, H]
