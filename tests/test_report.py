@@ -138,8 +138,10 @@ def test_series_are_runs_and_lines_follow_the_x_axis():
     figs = report.figures(s)
     assert list(figs) == ["wl: latency vs achieved QPS", "wl: throughput vs offered rate", "wl: cost per 1M requests"]
     lat = figs["wl: latency vs achieved QPS"]
-    assert sorted(t.name for t in lat.data) == ["torch · bfloat16 p50", "torch · bfloat16 p99",
-                                                "torch · float32 p50", "torch · float32 p99"]  # fmt: skip
+    series = sorted(t.name for t in lat.data if not t.name.startswith("SLO "))
+    assert series == ["torch · bfloat16 p50", "torch · bfloat16 p99", "torch · float32 p50", "torch · float32 p99"]
+    (slo,) = [t for t in lat.data if t.name.startswith("SLO ")]  # the SLO as a line in data units (load/plots.py)
+    assert list(slo.y) == [1000.0, 1000.0] and list(slo.x) == [2.0, 5.5]  # across the achieved rates drawn
     for fig in (lat, figs["wl: throughput vs offered rate"]):
         for t in fig.data:
             assert list(t.x) == sorted(t.x), (t.name, list(t.x))
