@@ -262,7 +262,7 @@ def test_a_compiled_backbone_gives_the_same_loss_and_gradients():
         model.zero_grad(set_to_none=True)
         loss = step.loss(ws, range(len(ws)), False)[0]
         loss.backward()
-        results.append((float(loss), [p.grad.clone() for p in model.parameters()]))
+        results.append((float(loss.detach()), [p.grad.clone() for p in model.parameters()]))
     (l0, g0), (l1, g1) = results
     assert abs(l0 - l1) <= 1e-4 * abs(l0)
     for a, b in zip(g0, g1):
