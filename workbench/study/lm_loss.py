@@ -18,63 +18,48 @@ plain path's up to rounding (tests/test_lm_loss.py derives the bounds).
 
 from __future__ import annotations
 
+import torch  # (this module is imported only where training runs: torch is loaded there anyway)
+
 CHUNK_ROWS = 256  # 256 x 4,198 float32 logits = 4.3 MB per chunk: near the L2 of these cores, big enough for AMX
 
 
 def chunked_lm_loss(hidden, weight, targets, dtype):
     """Mean cross-entropy of `hidden` [n, H] against the LM head `weight` [V, H] (no bias) for `targets` [n], the
     logits computed in `dtype` and reduced in float32. Gradients flow to `hidden` and `weight`."""
-    return _ChunkedLMLoss.apply(hidden, weight, targets, dtype)
+    return ChunkedLMLoss.apply(hidden, weight, targets, dtype)
 
 
-def _fn():
-    import torch
+class ChunkedLMLoss(torch.autograd.Function):
+    """The loss of `chunked_lm_loss`; backward computes each chunk's logits again instead of keeping them."""
 
-    class ChunkedLMLoss(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, hidden, weight, targets, dtype):
-            h, w = hidden.to(dtype), weight.to(dtype)
-            n = h.shape[0]
-            lse = torch.empty(n, dtype=torch.float32, device=h.device)
-            total = torch.zeros((), dtype=torch.float64, device=h.device)
-            for s in range(0, n, CHUNK_ROWS):
-                logits = (h[s : s + CHUNK_ROWS] @ w.T).float()
-                lse[s : s + CHUNK_ROWS] = torch.logsumexp(logits, dim=-1)
-                picked = logits.gather(1, targets[s : s + CHUNK_ROWS, None]).squeeze(1)
-                total += (lse[s : s + CHUNK_ROWS] - picked).sum(dtype=torch.float64)
-            ctx.save_for_backward(h, w, targets, lse)
-            ctx.hidden_dtype, ctx.weight_dtype = hidden.dtype, weight.dtype
-            return (total / max(n, 1)).float()
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, dtype):
+        h, w = hidden.to(dtype), weight.to(dtype)
+        n = h.shape[0]
+        lse = torch.empty(n, dtype=torch.float32, device=h.device)
+        total = torch.zeros((), dtype=torch.float64, device=h.device)
+        for s in range(0, n, CHUNK_ROWS):
+            logits = (h[s : s + CHUNK_ROWS] @ w.T).float()
+            lse[s : s + CHUNK_ROWS] = torch.logsumexp(logits, dim=-1)
+            picked = logits.gather(1, targets[s : s + CHUNK_ROWS, None]).squeeze(1)
+            total += (lse[s : s + CHUNK_ROWS] - picked).sum(dtype=torch.float64)
+        ctx.save_for_backward(h, w, targets, lse)
+        ctx.hidden_dtype, ctx.weight_dtype = hidden.dtype, weight.dtype
+        return (total / max(n, 1)).float()
 
-        @staticmethod
-        def backward(ctx, grad):
-            h, w, targets, lse = ctx.saved_tensors
-            n = h.shape[0]
-            scale = grad.float() / max(n, 1)
-            grad_h = torch.empty_like(h)
-            grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device)
-            rows = torch.arange(min(n, CHUNK_ROWS), device=h.device)
-            for s in range(0, n, CHUNK_ROWS):
-                hs = h[s : s + CHUNK_ROWS]
-                p = (hs @ w.T).float().sub_(lse[s : s + CHUNK_ROWS, None]).exp_()  # softmax
-                p[rows[: len(hs)], targets[s : s + CHUNK_ROWS]] -= 1.0
-                g = p.mul_(scale).to(h.dtype)
-                grad_h[s : s + CHUNK_ROWS] = g @ w
-                grad_w += (g.T @ hs).float()
-            return grad_h.to(ctx.hidden_dtype), grad_w.to(ctx.weight_dtype), None, None
-
-    return ChunkedLMLoss
-
-
-class _Lazy:
-    """The autograd Function, defined on first use (torch imported then, not when this module is)."""
-
-    _cls = None
-
-    def apply(self, *args):
-        if _Lazy._cls is None:
-            _Lazy._cls = _fn()
-        return _Lazy._cls.apply(*args)
-
-
-_ChunkedLMLoss = _Lazy()
+    @staticmethod
+    def backward(ctx, grad):
+        h, w, targets, lse = ctx.saved_tensors
+        n = h.shape[0]
+        scale = grad.float() / max(n, 1)
+        grad_h = torch.empty_like(h)
+        grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device)
+        rows = torch.arange(min(n, CHUNK_ROWS), device=h.device)
+        for s in range(0, n, CHUNK_ROWS):
+            hs = h[s : s + CHUNK_ROWS]
+            p = (hs @ w.T).float().sub_(lse[s : s + CHUNK_ROWS, None]).exp_()  # softmax
+            p[rows[: len(hs)], targets[s : s + CHUNK_ROWS]] -= 1.0
+            g = p.mul_(scale).to(h.dtype)
+            grad_h[s : s + CHUNK_ROWS] = g @ w
+            grad_w += (g.T @ hs).float()
+        return grad_h.to(ctx.hidden_dtype), grad_w.to(ctx.weight_dtype), None, None
