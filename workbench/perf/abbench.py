@@ -44,7 +44,8 @@ def parse_options(text: str) -> dict:
     return out
 
 
-def _quartiles(xs: list[float]) -> tuple[float, float, float]:
+def quartiles(xs: list[float]) -> tuple[float, float, float]:
+    """(q1, median, q3) of paired ratios (inclusive quantiles; one value: itself three times). Also trainbench's."""
     q1, q2, q3 = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else (xs[0],) * 3
     return q1, q2, q3
 
@@ -83,7 +84,7 @@ def run_ab(checkpoint: Path, a: dict, b: dict, *, prompt_len: int, beam: int, ne
         for eng in engines.values():
             eng.shutdown()
     ratios = [r["b_ms"] / r["a_ms"] for r in rows]
-    q1, med, q3 = _quartiles(ratios)
+    q1, med, q3 = quartiles(ratios)
     out = {
         "a": a, "b": b, "a_engine": {"name": engines["A"].name, "gemm": engines["A"].lm.gemm},
         "b_engine": {"name": engines["B"].name, "gemm": engines["B"].lm.gemm},

@@ -31,19 +31,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import yaml
 
-from workbench import names
 from workbench.errors import UsageError
 from workbench.perf import record
+from workbench.perf.abbench import quartiles
 
 PHASES = ("collate", "forward", "backward", "optimizer")
 # op kind -> substrings of aten op names (first match wins; everything else is "elementwise")
@@ -113,10 +112,8 @@ class Side:
     label: str
     overrides: dict
     cfg: Any
-    run: Any  # a started training run (study.outputs.training_run)
-    lr: float
+    run: Any  # a started training run (study.outputs.training_run: the grid's first learning rate)
     next_batch: int = 0
-    rounds: list[dict] = field(default_factory=list)
 
     def batch(self):
         idx = self.run.batches[self.next_batch % len(self.run.batches)]
@@ -137,23 +134,42 @@ def build_side(label: str, file: str, overrides: dict, method: str, seed: int, i
         inp_cache[key] = inputs_from_context(prepare_context(cfg))
     with tempfile.TemporaryDirectory(prefix="trainbench-") as folder:  # nothing is saved: the folder stays empty
         run = training_run(cfg, inp_cache[key], method, seed, Path(folder))
-    return Side(label, overrides, cfg, run, float(cfg.training.lr_grid[0]))
+    return Side(label, overrides, cfg, run)
 
 
 # ---- timing -----------------------------------------------------------------------------------------------------
 
 
 class Clock:
-    """`mark(phase)` records the seconds since the previous mark under that phase."""
+    """`mark(phase)` adds the seconds since the previous mark (or `start`) to that phase. With `ranges`, each phase is
+    also a `torch.profiler` range, wb::<phase>, that `profiled_ops` attributes the ops by (the marks come in `PHASES`
+    order: `_Training.optimizer_step`'s)."""
 
-    def __init__(self):
-        self.t = time.perf_counter()
+    def __init__(self, ranges: bool = False):
         self.s: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        self.ranges, self._open, self._i = ranges, None, 0
+        self.t = time.perf_counter()
+
+    def start(self) -> None:
+        self.t = time.perf_counter()
+        if self.ranges:
+            self._enter(0)
+
+    def _enter(self, i: int) -> None:
+        from torch.autograd.profiler import record_function
+
+        self._i, self._open = i, record_function(f"wb::{PHASES[i]}")
+        self._open.__enter__()
 
     def mark(self, phase: str) -> None:
         now = time.perf_counter()
         self.s[phase] += now - self.t
         self.t = now
+        if self._open is not None:
+            self._open.__exit__(None, None, None)
+            self._open = None
+            if self._i + 1 < len(PHASES):
+                self._enter(self._i + 1)
 
 
 def timed_steps(side: Side, steps: int) -> dict:
@@ -166,7 +182,7 @@ def timed_steps(side: Side, steps: int) -> dict:
     for _ in range(steps):
         idx = side.batch()
         targets += int(targets_per_window[idx].sum())
-        clock.t = time.perf_counter()
+        clock.start()
         run.optimizer_step(idx, clock.mark)
     wall = time.perf_counter() - t0
     return {"steps": steps, "wall_s": wall, "targets": targets, "tokens": run.tokens - tok0,
@@ -176,28 +192,14 @@ def timed_steps(side: Side, steps: int) -> dict:
 def profiled_ops(side: Side, steps: int) -> dict[str, dict[str, float]]:
     """ms per step by phase and op kind over `steps` profiled steps (op self times; each phase's wall time not
     covered by its ops is `OVERHEAD`)."""
-    from torch.autograd.profiler import record_function
     from torch.profiler import ProfilerActivity, profile
 
-    run = side.run
-    walls: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+    clock = Clock(ranges=True)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             idx = side.batch()
-            state = {"rf": record_function(f"wb::{PHASES[0]}"), "i": 0, "t": time.perf_counter()}
-            state["rf"].__enter__()
-
-            def mark(phase: str) -> None:
-                now = time.perf_counter()
-                walls[phase] += now - state["t"]
-                state["rf"].__exit__(None, None, None)
-                state["i"] += 1
-                state["t"] = now
-                if state["i"] < len(PHASES):
-                    state["rf"] = record_function(f"wb::{PHASES[state['i']]}")
-                    state["rf"].__enter__()
-
-            run.optimizer_step(idx, mark)
+            clock.start()
+            side.run.optimizer_step(idx, clock.mark)
     out: dict[str, dict[str, float]] = {p: {} for p in PHASES}
     for ev in prof.events():
         if ev.name.startswith("wb::") or not ev.name.startswith("aten::") and "mkldnn" not in ev.name:
@@ -210,7 +212,7 @@ def profiled_ops(side: Side, steps: int) -> dict[str, dict[str, float]]:
     for phase in PHASES:
         ops = sum(out[phase].values())
         out[phase] = {k: v / steps for k, v in sorted(out[phase].items(), key=lambda kv: -kv[1])}
-        out[phase][OVERHEAD] = max(0.0, walls[phase] * 1000.0 - ops) / steps
+        out[phase][OVERHEAD] = max(0.0, clock.s[phase] * 1000.0 - ops) / steps
     return out
 
 
@@ -230,7 +232,7 @@ def summarize(side: Side, m: dict, peak_gflops: float) -> dict:
     flops_per_s = m["flops"] / wall
     per_step = {p: s * 1000.0 / m["steps"] for p, s in m["phase_s"].items()}
     return {
-        "label": side.label, "overrides": side.overrides, "method": run.method, "lr": side.lr, "engine": ENGINE,
+        "label": side.label, "overrides": side.overrides, "method": run.method, "lr": run.st.lr, "engine": ENGINE,
         "dtype": "bfloat16" if run.use_bf16 else "float32", "bf16_info": run.bf16_info,
         "batch_targets": side.cfg.training.batch_targets, "steps": m["steps"], "targets": m["targets"],
         "tokens": m["tokens"], "wall_s": m["wall_s"], "ms_per_step": wall * 1000.0 / m["steps"],
@@ -240,11 +242,6 @@ def summarize(side: Side, m: dict, peak_gflops: float) -> dict:
         "matmul_floor_ms_per_step": m["flops"] / m["steps"] / (peak_gflops * 1e9) * 1000.0,
         "phase_ms_per_step": per_step,
     }  # fmt: skip
-
-
-def quartiles(xs: list[float]) -> dict[str, float]:
-    q1, q2, q3 = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else (xs[0],) * 3
-    return {"median": q2, "q1": q1, "q3": q3}
 
 
 # ---- the two modes ----------------------------------------------------------------------------------------------
@@ -291,7 +288,7 @@ def bench_ab(args, file: str, a: dict, b: dict) -> dict:
     return {"mode": "train_ab", "experiment_file": file, "seed": args.seed, "method": args.method,
             "rounds": args.rounds, "round_steps": args.round_steps, "a": docs[0], "b": docs[1],
             "dtype": f"{docs[0]['dtype']} vs {docs[1]['dtype']}", "engine": ENGINE,
-            "ratio_b_over_a": quartiles(ratios), "per_round_ratio": ratios}
+            "ratio_b_over_a": dict(zip(("q1", "median", "q3"), quartiles(ratios))), "per_round_ratio": ratios}
 
 
 # ---- printing ---------------------------------------------------------------------------------------------------
@@ -371,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     mode = "train_ab" if args.ab else "train"
     args.model, args.checkpoint, args.dtype = f"{Path(args.file).stem}/{args.method}", None, ""
     with record.perf_run(args, argv, mode, threads, sub="trainbench") as rec:
-        doc = bench_ab(args, args.file, *sides) if args.ab else bench_one(args, args.file, sides[0])
+        doc = RUNNERS[mode](args, args.file, *sides)
         doc["threads"] = threads
         print_doc(doc)
         rec.log([doc])
