@@ -201,13 +201,12 @@ class _Step:
         from workbench.study.windows import attended_pairs, window_hidden
 
         ids, pos, mask, at, toks, ph, vec = batch
+        head = self.model.get_output_embeddings()
         with torch.autocast(torch.device(self.device).type, dtype=torch.bfloat16, enabled=bf16):
             hs = window_hidden(self.model, ids, pos, mask, at, ph, vec, self.projector, self.windows_attention,
                                self.backbone)
-            if not self.chunked_loss:
-                logits = self.model.get_output_embeddings()(hs)
-        if self.chunked_loss:  # the same function, without keeping the [n, vocab] logits (lm_loss.py)
-            head = self.model.get_output_embeddings()
+            logits = None if self.chunked_loss else head(hs)
+        if logits is None:  # the same function, without keeping the [n, vocab] logits (lm_loss.py)
             loss = chunked_lm_loss(hs, head.weight, toks, torch.bfloat16 if bf16 else head.weight.dtype)
         else:
             loss = F.cross_entropy(logits.float(), toks)
