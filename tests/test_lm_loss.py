@@ -57,21 +57,13 @@ def test_chunked_loss_and_gradients_equal_the_plain_path(monkeypatch, dtype):
 def test_a_training_step_with_either_loss_gives_the_same_loss():
     """The study's step (`_Step.forward`) with `training.loss: chunked` and `full` on the same batch: the same loss
     within 1e-5 (float32)."""
-    import numpy as np
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from tests.test_windows import LAYOUT, Recorder, _builder, _train
+    from tests.test_windows import _tiny_model, _windows
     from workbench.study.train import _Step
-    from workbench.study.windows import WindowBuilder
 
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=LAYOUT.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=256)
-    model = Qwen3ForCausalLM(cfg)
-    ws = WindowBuilder(_builder("text_history", k=3, m=6), max_tokens=256).epoch(_train(6), Recorder().encoder(),
-                                                                                np.random.default_rng(4))
-    losses = [float(_Step(model, None, 0, cfg.vocab_size, loss=kind).loss(ws, range(len(ws)), False)[0].detach())
-              for kind in ("chunked", "full")]
+    model = _tiny_model()
+    ws = _windows("text_history")
+    step = {kind: _Step(model, None, 0, model.config.vocab_size, loss=kind) for kind in ("chunked", "full")}
+    losses = [float(step[kind].loss(ws, range(len(ws)), False)[0].detach()) for kind in ("chunked", "full")]
     assert abs(losses[0] - losses[1]) <= 1e-5 * abs(losses[1])
 
 

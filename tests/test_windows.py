@@ -54,6 +54,24 @@ class Recorder:
         return UserEncoder(lambda lists: None, N_ITEMS, codes, self.train_vectors)
 
 
+def _tiny_model():
+    """A 2-layer Qwen3 over LAYOUT's vocabulary, seeded (torch.manual_seed(0)): the windowed-loss tests' model."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    return Qwen3ForCausalLM(Qwen3Config(
+        vocab_size=LAYOUT.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, max_position_embeddings=256))
+
+
+def _windows(method: str):
+    """One epoch of `method`'s windows over 6 users (k=3, m=6): the windowed-loss tests' batch."""
+    return WindowBuilder(_builder(method, k=3, m=6), max_tokens=256).epoch(_train(6), Recorder().encoder(),
+                                                                            np.random.default_rng(4))
+
+
+
 def test_tiling_covers_every_transition_once_within_the_context():
     rng = np.random.default_rng(0)
     for n in (2, 3, 7, 50):
@@ -148,16 +166,12 @@ def test_windowed_loss_equals_per_example_loss(method):
     per-example prompt (evaluation layout + teacher-forced SID), within 1e-5."""
     import torch
     import torch.nn.functional as F
-    from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from workbench.model.projector import SoftTokenProjector
     from workbench.study.train import target_logits
     from workbench.study.windows import window_logits
 
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=LAYOUT.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=256)
-    model = Qwen3ForCausalLM(cfg).eval()
+    model = _tiny_model().eval()
     proj = SoftTokenProjector(N_ITEMS, 32, "linear") if method == "soft_token" else None
     train = _train(6)
     b = _builder(method, k=3, m=6)
@@ -211,16 +225,11 @@ def test_both_layouts_give_the_same_losses_and_attended_pairs(method):
     mask's visible pairs of real tokens."""
     import torch
     import torch.nn.functional as F
-    from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from workbench.study.windows import attended_pairs, window_logits
 
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=LAYOUT.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=256)
-    model = Qwen3ForCausalLM(cfg).eval()
-    ws = WindowBuilder(_builder(method, k=3, m=6), max_tokens=256).epoch(_train(6), Recorder().encoder(),
-                                                                          np.random.default_rng(4))
+    model = _tiny_model().eval()
+    ws = _windows(method)
     idx = range(len(ws))
     for bf16, bound in ((False, 1e-5), (True, 0.05)):
         losses = []
@@ -244,17 +253,12 @@ def test_a_compiled_backbone_gives_the_same_loss_and_gradients():
     kernels fuse and reorder float32 sums (~2^-24 each) over at most a few thousand terms per output. A second batch of
     another shape runs on the same compiled function (dynamic shapes, no error)."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from workbench.study.train import _Step
 
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=LAYOUT.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=256)
-    model = Qwen3ForCausalLM(cfg)
-    ws = WindowBuilder(_builder("text_history", k=3, m=6), max_tokens=256).epoch(_train(6), Recorder().encoder(),
-                                                                                np.random.default_rng(4))
-    step = _Step(model, None, 0, cfg.vocab_size)
+    model = _tiny_model()
+    ws = _windows("text_history")
+    step = _Step(model, None, 0, model.config.vocab_size)
     results = []
     for compiled in (False, True):
         if compiled:
