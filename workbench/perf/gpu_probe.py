@@ -42,7 +42,6 @@ import gc
 import json
 import math
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -529,19 +528,11 @@ def _commit() -> str:
 
 
 def _versions() -> dict:
-    out = {"python": platform.python_version()}
-    for mod in ("torch", "transformers", "numpy"):
-        m = sys.modules.get(mod)
-        if m is None:
-            try:
-                from importlib import metadata
+    """Python's and the three packages' versions the probe runs on (`tracking.package_versions`: metadata only)."""
+    from workbench.tracking import package_versions  # (MLflow is imported inside its functions, not by this one)
 
-                out[mod] = metadata.version(mod)
-            except Exception:  # noqa: BLE001 - not installed: say so
-                out[mod] = None
-        else:
-            out[mod] = getattr(m, "__version__", None)
-    return out
+    v = package_versions()
+    return {k: v.get(k) for k in ("python", "torch", "transformers", "numpy")}
 
 
 def _jsonable(x):
