@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import torch  # (this module is imported only where training runs: torch is loaded there anyway)
 
-CHUNK_ROWS = 256  # 256 x 4,198 float32 logits = 4.3 MB per chunk: near the L2 of these cores, big enough for AMX
+# 256 x 4,198 float32 logits = 4.3 MB per chunk. The loss above (4,100 rows, bf16, forward + backward, one thread)
+# took 89 / 76 / 74 / 87 ms at 128 / 256 / 512 / 1,024 rows per chunk (Intel Xeon with AMX, 2026-12-04)
+CHUNK_ROWS = 256
 
 
 def chunked_lm_loss(hidden, weight, targets, dtype):
