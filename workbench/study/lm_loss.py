@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch  # (this module is imported only where training runs: torch is loaded there anyway)
 
 # 256 x 4,198 float32 logits = 4.3 MB per chunk. The loss above (4,100 rows, bf16, forward + backward, one thread)
-# took 89 / 76 / 74 / 87 ms at 128 / 256 / 512 / 1,024 rows per chunk (Intel Xeon with AMX, 2026-12-04)
+# took 89 / 76 / 74 / 86 ms at 128 / 256 / 512 / 1,024 rows per chunk (Intel Xeon with AMX, 2026-12-04)
 CHUNK_ROWS = 256
 
 
