@@ -188,3 +188,16 @@ def test_workers_exit_when_the_main_process_is_killed(tmp_path):
     proc.finish()
     _assert_none_left(kids)  # within 15 s: each checks its parent every workers.PARENT_POLL_S
     assert not list((tmp_path / "data" / "cache" / "train").glob("*/done.json"))
+
+
+def test_the_workers_take_the_longest_models_first():
+    """text before SID streams, the longer context before the shorter, ties in the config's order (fault: the
+    config's order kept -> text_history third, this fails)."""
+    from workbench.config import load_config
+    from workbench.study.stages.train import longest_first
+
+    cfg = load_config(ROOT / "experiments" / "personalization_ml1m.yaml")
+    jobs = [(m, s, 0.002) for m in cfg.methods.run for s in (0, 1)]
+    order = [m for m, _, _ in longest_first(cfg, jobs)]
+    assert order[:4] == ["text_history", "text_history", "none_long", "none_long"]
+    assert order[4:] == ["none", "none", "user_sid", "user_sid", "soft_token", "soft_token"]
