@@ -99,10 +99,10 @@ def reports(tmp_path_factory, bench_checkpoint, one_torch_thread):
             kinds = {k: KINDS[k] for k in ("load", "perf")}
         else:
             study = _tiny_study(tmp)
-            _sweep("browser_study_load", [{"name": "torch"}],
+            _sweep("browser_study_load", [{"name": "torch"}, {"name": "hf"}],  # also a method x engine matrix
                    {"workload": "personalization", "study": str(study), "prompts_from": "test_split",
                     "checkpoints": ["trained:none", "trained:soft_token"], "beam_width": 10, "max_new_tokens": 3,
-                    "constrained": True, "rates": [4.0]})  # fmt: skip
+                    "constrained": True, "rates": [2.0, 4.0], "quality_users": 8})  # fmt: skip
         out = {k: write_report(e, tmp / "reports" / f"{k}.html") for k, e in kinds.items()}
         print(f"\nbuilt {len(out)} reports from tiny real runs in {time.perf_counter() - t0:.0f}s")
         yield {"paths": out, "studies": {k: collect_study(e.split(",")) for k, e in kinds.items()}, "tmp": tmp}
@@ -166,9 +166,18 @@ def test_join_report_draws_the_quality_cost_front(reports):
 
     _need(reports, "join")
     s = reports["studies"]["join"]
-    assert s.not_joined == [] and s.joined[report.default_quality_metric()].notna().all()
+    q = s.joined.set_index("engine")[report.default_quality_metric()]
+    # the study measured quality through torch: its load runs join it, hf's refuse to (the matrix has hf's own)
+    assert q["torch"].notna().all() and q["hf"].isna().all()
+    assert len(s.not_joined) == 2 and all("'hf' vs 'torch'" in n for n in s.not_joined)
     figs = report.figures(s)
     assert set(STUDY_FIGURES) <= set(figs) and {"quality vs cost", "quality vs p99 latency"} <= set(figs)
+    # the sweep is also a method x engine matrix: one cell per (method, engine), torch agreeing with itself
+    m = report.matrix_of(s).set_index(["method", "series"])
+    assert sorted(m.index) == [("none", "hf"), ("none", "torch"), ("soft_token", "hf"), ("soft_token", "torch")]
+    assert (m.xs("torch", level="series")["agree_top10"] == 1.0).all() and m["agree_top10"].between(0, 1).all()
+    assert m["cost_basis"].isin(["saturation within SLO", "serial capacity (no rate within SLO)"]).all()
+    assert "id='matrix'" in reports["paths"]["join"].read_text()
 
 
 # ---- in the browser ---------------------------------------------------------------------------------
@@ -188,6 +197,10 @@ _INSPECT = """() => [...document.querySelectorAll('.js-plotly-plot')].map(el => 
   for (const g of el.querySelectorAll('.cartesianlayer g.trace')) {
     const cd = g.__data__, i = cd && cd[0] && cd[0].trace ? cd[0].trace.index : -1;
     drawn[i] = (drawn[i] || 0) + [...g.querySelectorAll('path, text')].filter(visible).length;
+  }
+  for (const g of el.querySelectorAll('.cartesianlayer g.hm')) {  // a heatmap: one image, its cells' texts
+    const cd = g.__data__, i = cd && cd[0] && cd[0].trace ? cd[0].trace.index : -1;
+    drawn[i] = (drawn[i] || 0) + [...g.querySelectorAll('image, text')].filter(visible).length;
   }
   const h = el.closest('.fig') && el.closest('.fig').previousElementSibling;
   return {title: h ? h.textContent : '', traces: el.data.length,
@@ -285,6 +298,9 @@ def test_report_draws_in_chromium(reports, browser, kind):
         assert set(STUDY_FIGURES) <= set(titles)
     if kind == "join":
         assert {"quality vs cost", "quality vs p99 latency"} <= set(titles)
+        from workbench.load.matrix import FIGURES
+
+        assert set(FIGURES) <= set(titles)
     if kind == "load":
         lat = next(f for f in figs if f["title"].endswith("latency vs achieved QPS"))
         assert {"torch · float32 p99", "torch · bfloat16 p99"} <= set(lat["names"])

@@ -337,6 +337,9 @@ class LoadConfig(Section):
     slo_multiple: float = Field(5.0, gt=1)  # default SLO = this x the reference engine's unloaded p50
     grid_factor: float = Field(2.0, gt=1)  # adaptive grid growth while every point holds the SLO
     request_timeout_s: float = Field(300.0, gt=0)  # a request without a result by then is a failure
+    # the method x engine matrix (load/matrix.py): per cell, rank this many of the checkpoint's test users (a fixed
+    # sample) through the engine before its load points: quality with an interval and agreement with torch; 0: off
+    quality_users: int = Field(0, ge=0)
 
     @model_validator(mode="after")
     def _study(self):
@@ -345,6 +348,9 @@ class LoadConfig(Section):
             what = "load.prompts_from: test_split" if self.prompts_from == "test_split" else f"load.checkpoints {trained}"
             raise ValueError(f"{what} needs load.study: the experiment YAML that trained the checkpoints "
                              "(e.g. experiments/quickstart.yaml)")
+        if self.quality_users and self.prompts_from != "test_split":
+            raise ValueError("load.quality_users ranks the checkpoints' own test users: it needs "
+                             "load.prompts_from: test_split (and load.study)")
         for c in trained:
             if c.split(":", 1)[1] not in method_names():
                 raise ValueError(f"load.checkpoints: unknown method in {c!r}; "
@@ -420,6 +426,14 @@ class SweepConfig(Section):
     @property
     def experiment_name(self) -> str:
         return self.tracking.experiment or self.name
+
+    @model_validator(mode="after")
+    def _matrix_reference(self):
+        if self.load.quality_users and (self.cost.reference_engine != "torch"
+                                        or not any(e.name == "torch" for e in self.engines)):
+            raise ValueError("load.quality_users compares every engine's lists with the torch engine's, measured "
+                             "first: add a torch engine to `engines` and set cost.reference_engine: torch")
+        return self
 
 
 ExperimentConfig = StudyConfig | SweepConfig

@@ -101,6 +101,20 @@ CLIENT_CPU = "load/client_cpu_share"
 COST_PER_1M = "cost/usd_per_1m_requests"
 COST_RELATIVE = "cost/relative_to_reference"
 COST_RELATIVE_METHOD = "cost/relative_to_reference_method"  # same engine, the reference method's checkpoint
+# a cell no rate held the SLO in: its serial capacity (1 / unloaded p50), the cost there, the best p99 of any point
+SERIAL_QPS = "load/serial_capacity_qps"
+COST_PER_1M_SERIAL = "cost/usd_per_1m_at_serial_capacity"
+BEST_P99 = "latency/best_point_p99_ms"
+# the method x engine matrix (load/matrix.py): quality of a user sample through the cell's engine, and its
+# agreement with the torch engine's lists on the same checkpoint
+MATRIX_USERS = "matrix/quality_users"
+MATRIX_NDCG = "matrix/ndcg_at_10"
+MATRIX_NDCG_LO = "matrix/ndcg_at_10_lo"
+MATRIX_NDCG_HI = "matrix/ndcg_at_10_hi"
+MATRIX_RECALL = "matrix/recall_at_10"
+MATRIX_AGREE = "matrix/identical_top10_share"
+MATRIX_MAX_CHANGE = "matrix/max_user_ndcg_at_10_change"
+TAG_FEATURES = "workbench.features"  # the features a cell's method needs and how they ran: "f=native; g=emulated"
 
 # ---- run tags ---------------------------------------------------------------------------------
 TAG_STAGE = "workbench.stage"

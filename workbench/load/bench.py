@@ -78,11 +78,17 @@ class ChildResult:
     relative_cost: float = float("nan")
     relative_cost_method: float = float("nan")  # vs cost.reference_method's checkpoint, same engine
     client_cpu_share_max: float = float("nan")
+    # the method x engine matrix (load/matrix.py; load.quality_users): quality sample, agreement, serial capacity
+    matrix: dict[str, float] = field(default_factory=dict)
+    features: str = ""  # the features the method needs and how they ran here
     error: str | None = None
 
     def row(self) -> dict:
-        d = {k: v for k, v in asdict(self).items() if k != "points"}
+        from workbench.load.matrix import COLUMNS
+
+        d = {k: v for k, v in asdict(self).items() if k not in ("points", "matrix")}
         d["points"] = len(self.points)
+        d.update({col: self.matrix.get(key, float("nan")) for key, col in COLUMNS.items()})
         return d
 
 
@@ -275,7 +281,7 @@ async def _measure(engine, workload, settings: SweepSettings, slo: _SLO, child: 
 
 
 async def _run_engine(entry: EngineEntry, checkpoint: Path, workload, settings, slo, child, handle, load, log_dir,
-                      engine_factory=None):
+                      engine_factory=None, study: StudySource | None = None, references: dict | None = None):
     with open_engine(entry, checkpoint, log_dir, engine_factory) as engine:
         try:
             if callable(getattr(engine, "fetch_capabilities", None)):  # HTTP clients ask their server
@@ -285,6 +291,20 @@ async def _run_engine(entry: EngineEntry, checkpoint: Path, workload, settings, 
             handle.set_tags({names.TAG_MODE: child.mode})
             handle.log_dict({f: {"status": s.status.value, "reason": s.reason} for f, s in caps.features.items()},
                             "capabilities.json")  # fmt: skip
+            if load.quality_users:  # the matrix's cell: quality through this engine before its load points
+                from workbench.load.matrix import run_cell
+
+                metrics, child.features = await run_cell(engine, caps, checkpoint, load,
+                                                         study.test_prompts(checkpoint), entry.name == "torch",
+                                                         references)
+                child.matrix.update(metrics)
+                handle.log_metrics(metrics)
+                handle.set_tags({names.TAG_FEATURES: child.features})
+                print(f"[bench] {child.series} / {child.method}: quality sample NDCG@10 "
+                      f"{metrics[names.MATRIX_NDCG]:.4f} [{metrics[names.MATRIX_NDCG_LO]:.4f}, "
+                      f"{metrics[names.MATRIX_NDCG_HI]:.4f}] on {metrics[names.MATRIX_USERS]:.0f} users; identical "
+                      f"top-10 vs torch {metrics.get(names.MATRIX_AGREE, float('nan')):.1%}; {child.features}",
+                      file=sys.stderr)  # fmt: skip
             return await _measure(engine, workload, settings, slo, child, handle)
         finally:
             await engine.close()
@@ -297,7 +317,8 @@ def _dataset(study: StudySource | None) -> str:
 
 def _child(parent, cfg: SweepConfig, entry: EngineEntry, checkpoint: Path, slo: _SLO, settings: SweepSettings,
            reference_cost: dict[str, float], log_dir: Path, engine_factory=None,
-           study: StudySource | None = None, method_cost: dict[str, float] | None = None) -> ChildResult:
+           study: StudySource | None = None, method_cost: dict[str, float] | None = None,
+           references: dict | None = None) -> ChildResult:
     from workbench.model.checkpoint import read_meta
     from workbench.load.plots import latency_vs_qps
     from workbench.tracking import start_run
@@ -331,7 +352,7 @@ def _child(parent, cfg: SweepConfig, entry: EngineEntry, checkpoint: Path, slo: 
                 h.log_metrics({names.PROMPT_TOKENS_MEAN: workload.prompt_tokens_mean})
             try:
                 records = run_sync(_run_engine(entry, checkpoint, workload, settings, slo, child, h, load, log_dir,
-                                                engine_factory))
+                                                engine_factory, study, references))
             except BaseException:  # failed or interrupted: the run keeps the points it had (its metrics are logged)
                 if child.points:
                     with contextlib.suppress(Exception):
@@ -348,7 +369,11 @@ def _child(parent, cfg: SweepConfig, entry: EngineEntry, checkpoint: Path, slo: 
                 child.relative_cost_method = _against(method_cost, series, meta.method == cfg.cost.reference_method,
                                                       child.usd_per_1m)
             child.client_cpu_share_max = max((p.client_cpu_share for p in child.points), default=float("nan"))
-            h.log_metrics({
+            from workbench.load.matrix import serial_capacity
+
+            serial = serial_capacity(child.unloaded_p50_ms, cfg.cost.usd_per_hour, child.points)
+            child.matrix.update(serial)
+            h.log_metrics({**serial,
                 names.SATURATION_QPS: child.saturation_qps if child.saturation_qps is not None else 0.0,
                 **{k: v for k, v in ((names.GRID_HELD, child.grid_held_qps), (names.GRID_BROKE, child.grid_broke_qps))
                    if v is not None},
@@ -444,6 +469,7 @@ def _run_tracked(cfg: SweepConfig, experiment_file: str | Path | None, engine_fa
     slo = _SLO(load)
     reference_cost: dict[str, float] = {}
     method_cost: dict[str, float] = {}  # per engine series: the reference method's $ per 1M
+    references: dict = {}  # per checkpoint: the torch cell's quality sample (load.quality_users)
     children: list[ChildResult] = []
     ptags = {names.TAG_STAGE: names.STAGE_LOAD_SWEEP, names.TAG_WORKLOAD: load.workload, names.TAG_DATASET: _dataset(study)}
     with start_run(f"{cfg.name}/{load.workload}", experiment=experiment, config=cfg, experiment_file=experiment_file,
@@ -451,7 +477,7 @@ def _run_tracked(cfg: SweepConfig, experiment_file: str | Path | None, engine_fa
         for ckpt in checkpoints:
             for entry in _ordered_engines(cfg):
                 children.append(_child(parent, cfg, entry, ckpt, slo, settings, reference_cost, log_dir,
-                                       engine_factory, study, method_cost))
+                                       engine_factory, study, method_cost, references))
         result = BenchResult(experiment, parent.run_id, slo.ms if slo.ms is not None else float("nan"), slo.source,
                              children)  # fmt: skip
         parent.set_tags({names.TAG_SLO_SOURCE: slo.source})
@@ -464,6 +490,13 @@ def _run_tracked(cfg: SweepConfig, experiment_file: str | Path | None, engine_fa
             parent.log_figure(latency_vs_qps(pts, result.slo_ms), "latency_vs_qps.html")
             parent.log_figure(throughput_vs_offered(pts), "throughput_vs_offered.html")
             parent.log_figure(cost_bars(summary), "cost_per_1m.html")
+        if load.quality_users:
+            from workbench.load.matrix import FIGURES, matrix_figures, matrix_table
+
+            table = matrix_table(summary)
+            parent.log_table(table, "matrix.csv")
+            for title, fig in matrix_figures(table).items():
+                parent.log_figure(fig, FIGURES[title])
         parent.log_dict(result.to_json(), "bench_result.json")
     _print_summary(result, cfg)
     print(ui_hint(result.parent_run_id), file=sys.stderr)

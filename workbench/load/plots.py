@@ -170,3 +170,52 @@ def quality_pareto(summary, quality_col: str, x_col: str, x_title: str, title: s
     fig.update_layout(title=title or f"{quality_col} vs {x_title}", xaxis_title=x_title, yaxis_title=quality_col,
                       template="plotly_white")  # fmt: skip
     return fig
+
+
+def matrix_heatmap(table, value: str, title: str, fmt: str, colorbar: str, notes: str | None = None):
+    """One cell per (method, engine series) of the method x engine matrix (`load/matrix.py`), colored by `value`,
+    each cell written out; a cell without a number carries its reason (`notes` column) instead of a color."""
+    go = _go()
+    methods = list(dict.fromkeys(table["method"]))
+    series = list(dict.fromkeys(table["series"]))
+    z = [[math.nan] * len(series) for _ in methods]
+    text = [[""] * len(series) for _ in methods]
+    for _, r in table.iterrows():
+        i, j = methods.index(r["method"]), series.index(r["series"])
+        v = r[value]
+        ok = v is not None and math.isfinite(v)
+        z[i][j] = float(v) if ok else math.nan
+        text[i][j] = fmt.format(v) if ok else "-"
+        if notes and r.get(notes):
+            text[i][j] += f"<br><sub>{r[notes]}</sub>"
+    fig = go.Figure(go.Heatmap(z=z, x=series, y=methods, text=text, texttemplate="%{text}", colorscale="Viridis",
+                               colorbar=dict(title=colorbar), hoverongaps=False))
+    fig.update_layout(title=title, xaxis_title="engine", yaxis_title="method", template="plotly_white")
+    return fig
+
+
+def matrix_pareto(table, title: str = "Quality vs cost, one front per engine"):
+    """NDCG@10 of the quality sample (with its interval) against $ per 1M requests, one color and one Pareto front
+    per engine series; cells costed at their serial capacity are drawn hollow."""
+    go = _go()
+    df = table[table["ndcg10"].map(lambda v: v is not None and math.isfinite(v))
+               & table["usd_per_1m"].map(lambda v: v is not None and math.isfinite(v))].reset_index(drop=True)
+    fig = go.Figure()
+    colors = _colors(df["series"]) if len(df) else {}
+    for s, g in df.groupby("series", sort=False):
+        serial = g["cost_basis"].str.startswith("serial")
+        fig.add_trace(go.Scatter(
+            x=g["usd_per_1m"], y=g["ndcg10"], mode="markers+text", name=str(s), text=g["method"],
+            textposition="top center",
+            error_y=dict(type="data", symmetric=False, array=g["ndcg10_hi"] - g["ndcg10"],
+                         arrayminus=g["ndcg10"] - g["ndcg10_lo"]),
+            marker=dict(size=12, color=colors[s], symbol=["circle-open" if x else "circle" for x in serial]),
+        ))  # fmt: skip
+        front = pareto_front(g["usd_per_1m"].tolist(), g["ndcg10"].tolist())
+        if len(front) > 1:
+            gg = g.reset_index(drop=True)
+            fig.add_trace(go.Scatter(x=gg.loc[front, "usd_per_1m"], y=gg.loc[front, "ndcg10"], mode="lines",
+                                     name=f"{s} front", line=dict(color=colors[s], dash="dash"), showlegend=False))
+    fig.update_layout(title=title, xaxis_title="USD per 1M requests (hollow: at serial capacity, no rate in SLO)",
+                      yaxis_title="NDCG@10 (quality sample)", xaxis_type="log", template="plotly_white")
+    return fig

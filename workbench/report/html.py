@@ -10,6 +10,8 @@ experiment(s) hold, so one command serves every kind:
   length and cost, SID codebook statistics, and each run's config, commit, CPU and versions;
 - load sweeps (`workbench bench`): summary, latency / throughput / cost figures, rate points, configs;
 - both (comma-joined experiments): also quality vs cost and vs p99 latency with the Pareto front;
+- a method x engine matrix (a sweep with `load.quality_users`, `load/matrix.py`): cost per cell as a heatmap,
+  quality through each engine with its agreement with torch, one Pareto front per engine, how each feature ran;
 - performance runs (`workbench microbench`, every mode, `perf.py`): a table of their headline times and
   ratios with the CPU and commit each ran on, engine time vs the compute floor by phase, A/B ratios.
 
@@ -37,6 +39,7 @@ from typing import Any, Sequence
 
 from workbench import names
 from workbench.errors import UsageError
+from workbench.load.matrix import COLUMNS as MATRIX_COLUMNS
 from workbench.load.metrics import METRIC_NAMES
 from workbench.report.perf import PerfRuns, collect_perf_runs
 from workbench.report.studies import StudyRuns, collect_study_runs
@@ -214,6 +217,8 @@ def _summary_row(r) -> dict:
         "relative_cost_method": m.get(names.COST_RELATIVE_METHOD, math.nan),
         "client_cpu_share_max": m.get("load/client_cpu_share_max", math.nan),
         "error": t.get(names.TAG_ERROR, ""),
+        "features": t.get(names.TAG_FEATURES, ""),
+        **{col: m.get(key, math.nan) for key, col in MATRIX_COLUMNS.items()},
         "tags": {k: t.get(k) for k in COMPARE_TAGS},
     }  # fmt: skip
 
@@ -271,12 +276,20 @@ def common_rate_p99(points, summary) -> tuple[float, dict[str, float]]:
 
 
 def figures(study: Study, quality_metric: str | None = None) -> dict[str, Any]:
-    """The report's figures by title: the study's, per workload latency/throughput/cost, the Pareto plots, then
-    the performance runs'."""
+    """The report's figures by title: the study's, the method x engine matrix's, per workload
+    latency/throughput/cost, the Pareto plots, then the performance runs'."""
+    from workbench.load.matrix import matrix_figures
     from workbench.report import perf, studies
 
-    return {**studies.figures(study.studies), **load_figures(study), **join_figures(study, quality_metric),
+    matrix = matrix_figures(matrix_of(study)) if has_matrix(study) else {}
+    return {**studies.figures(study.studies), **matrix, **load_figures(study), **join_figures(study, quality_metric),
             **perf.figures(study.perf)}
+
+
+def has_matrix(study: Study) -> bool:
+    """Whether a load sweep here ranked a quality sample per cell (`load.quality_users`)."""
+    s = study.summary
+    return len(s) > 0 and "quality_users" in s and bool(s["quality_users"].notna().any())
 
 
 def load_figures(study: Study) -> dict[str, Any]:
@@ -312,9 +325,11 @@ def join_figures(study: Study, quality_metric: str | None = None) -> dict[str, A
     rate, p99 = common_rate_p99(study.points, j)
     jj = keyed(j[j[quality_metric].notna()])
     jj["e2e_p99_ms"] = jj["run_id"].map(p99)
-    return {"quality vs cost": plots.quality_pareto(jj, quality_metric, "usd_per_1m", "USD per 1M requests"),
-            "quality vs p99 latency": plots.quality_pareto(jj, quality_metric, "e2e_p99_ms",
-                                                           f"p99 latency at {rate:.3g} req/s (ms)")}  # fmt: skip
+    figs = {"quality vs cost": plots.quality_pareto(jj, quality_metric, "usd_per_1m", "USD per 1M requests")}
+    if jj["e2e_p99_ms"].notna().any():  # no run's rate points reach the common rate: no p99 to compare there
+        figs["quality vs p99 latency"] = plots.quality_pareto(jj, quality_metric, "e2e_p99_ms",
+                                                              f"p99 latency at {rate:.3g} req/s (ms)")
+    return figs
 
 
 def _short_paths(paths: Sequence[str]) -> list[str]:
@@ -501,6 +516,33 @@ def _load_html(study: Study, draw: _Figures) -> list[str]:
     return parts
 
 
+def matrix_of(study: Study):
+    """The method x engine table of the load runs that ranked a quality sample (`load.matrix.matrix_table`): a
+    column per engine series (the engine's label), the newest run of each (method, series) where sweeps repeat."""
+    from workbench.load.matrix import matrix_table
+
+    s = study.summary
+    return matrix_table(s[s["quality_users"].notna()].drop_duplicates(["method", "series"], keep="first"))
+
+
+def _matrix_html(study: Study, draw: _Figures) -> list[str]:
+    from workbench.load.matrix import matrix_figures
+
+    table = matrix_of(study)
+    parts = ["<h2 id='matrix'>Method x engine matrix</h2>",
+             "<p class='note'>Each cell: one trained method's checkpoint on one engine. Quality: NDCG@10 of a fixed "
+             "sample of test users ranked through that engine (95% users-bootstrap interval; one trained seed), and "
+             "the share of those users whose top-10 list is identical to the torch engine's on the same checkpoint "
+             "(the engine the study's quality comes from). Cost: $ per 1M requests at the saturation QPS, or, where no "
+             "offered rate held the SLO, at the engine's serial capacity (1 / unloaded p50), labelled. Features: how "
+             "each feature the method needs ran on that engine (native / emulated / unsupported).</p>"]
+    parts.append(draw(matrix_figures(table)))
+    parts.append(_table(table, ["method", "series", "mode", "ndcg10", "ndcg10_lo", "ndcg10_hi", "recall10",
+                                "agree_top10", "max_ndcg10_change", "unloaded_p50_ms", "best_p99_ms",
+                                "saturation_qps", "serial_qps", "usd_per_1m", "cost_basis", "features"]))
+    return parts
+
+
 def _join_html(study: Study, quality_metric: str, draw: _Figures) -> list[str]:
     parts = [f"<h2 id='join'>Quality vs cost ({html.escape(quality_metric)})</h2>",
              f"<p class='note'>Quality is joined to a load run only when {', '.join(JOIN_TAGS)} all match.</p>"]
@@ -552,7 +594,9 @@ def render_html(study: Study, quality_metric: str | None = None) -> str:
     quality_metric = quality_metric or default_quality_metric()
     draw = _Figures()
     has_study, has_load, has_perf = bool(study.studies.runs), len(study.summary) > 0, bool(study.perf.runs)
+    matrix = has_matrix(study)
     toc = ([("study", "Personalization study")] if has_study else []) + (
+        [("matrix", "Method x engine matrix")] if matrix else []) + (
         [("load", "Load sweeps"), ("join", "Quality vs cost")] if has_load else []) + (
         [("perf", "Performance runs")] if has_perf else [])  # fmt: skip
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(study.experiment)}</title>",
@@ -568,6 +612,8 @@ def render_html(study: Study, quality_metric: str | None = None) -> str:
                      + "</ul></nav>")
     if has_study:
         parts += _study_html(study, draw)
+    if matrix:
+        parts += _matrix_html(study, draw)
     if has_load:
         parts += _load_html(study, draw)
         parts += _join_html(study, quality_metric, draw)

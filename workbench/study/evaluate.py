@@ -172,26 +172,41 @@ def beam_rank(
     Under torchrun a collective (every rank calls it with the same prompts): the batches of `batch_size`
     users are dealt to the ranks round-robin (`dist.shard`) and every rank returns the whole result."""
     from workbench import dist
-    from workbench.engines.base import BeamSearchRequest
     from workbench.progress import progress as progress_bar
 
-    depth = catalog.depth
     mine = dist.shard(range(0, len(prompts), batch_size))  # starts of this rank's batches (one process: all)
     bar = progress_bar(total=sum(min(batch_size, len(prompts) - s) for s in mine), desc=desc, unit="user",
                        enabled=progress)
     done: dict[int, tuple] = {}
     for s in mine:
-        reqs = []
-        for i in range(s, min(len(prompts), s + batch_size)):
-            banned = tuple(int(x) for x in prompts.seen[i]) if (ban_seen and constrained and prompts.seen) else ()
-            reqs.append(BeamSearchRequest(prompts.engine_prompt(i), beam_width, depth, constrained, banned))
+        reqs = beam_requests(prompts, range(s, min(len(prompts), s + batch_size)), catalog, beam_width, constrained,
+                             ban_seen)
         done[s] = run_sync(engine.beam_search(reqs))
         bar.update(len(reqs))
     bar.close()
+    results = [r for s, rs in sorted(kv for part in dist.gather(done) for kv in part.items()) for r in rs]
+    br = beam_ranking(results, catalog, beam_width)
+    if br.failures and br.failures == len(prompts):
+        raise RuntimeError(f"every beam-search request failed; first error: {br.errors[0]}")
+    return br
+
+
+def beam_requests(prompts, idx, catalog, beam_width: int, constrained: bool = True, ban_seen: bool = True) -> list:
+    """The beam-search requests of prompts `idx` as evaluation sends them (seen items banned when constrained)."""
+    from workbench.engines.base import BeamSearchRequest
+
+    reqs = []
+    for i in idx:
+        banned = tuple(int(x) for x in prompts.seen[i]) if (ban_seen and constrained and prompts.seen) else ()
+        reqs.append(BeamSearchRequest(prompts.engine_prompt(i), beam_width, catalog.depth, constrained, banned))
+    return reqs
+
+
+def beam_ranking(results, catalog, beam_width: int) -> BeamRanking:
+    """Beam-search results -> each user's item list (beams mapped to items, deduplicated; [] for a failure)."""
     lists: list[list[int]] = []
     lat, errors = [], []
     n_beams = n_valid = 0
-    results = [r for s, rs in sorted(kv for part in dist.gather(done) for kv in part.items()) for r in rs]
     for r in results:
         if not r.success:
             errors.append(r.error or "unknown error")
@@ -202,8 +217,6 @@ def beam_rank(
         n_valid += sum(it is not None for it in items)
         lists.append(dedup_cut(items, beam_width))
         lat.append(r.timings.e2e_s)
-    if errors and len(errors) == len(prompts):
-        raise RuntimeError(f"every beam-search request failed; first error: {errors[0]}")
     return BeamRanking(lists, np.asarray(lat), n_valid / max(1, n_beams), len(errors), errors[:5])
 
 
