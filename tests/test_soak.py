@@ -131,8 +131,8 @@ def test_a_result_past_the_bound_is_caught(checkpoint):
 def test_tree_memory_counts_the_children():
     """A child holding 64 MiB shows in its parent's tree."""
     code = "import sys,time; b=bytearray(64<<20); b[::4096]=b'x'*(len(b)//4096); print('ok',flush=True); time.sleep(30)"
-    parent = subprocess.Popen([sys.executable, "-c", f"import subprocess,sys; p=subprocess.Popen([sys.executable,'-c',{code!r}]); p.wait()"],
-                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    spawn = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {code!r}]).wait()"
+    parent = subprocess.Popen([sys.executable, "-c", spawn], stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert parent.stdout.readline().startswith("ok")
         alone = tree_memory(parent.pid)
