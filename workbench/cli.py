@@ -1,5 +1,5 @@
-"""`workbench` command line: run | validate | data | serve | microbench | trainbench | variant-quality | bench | report |
-engines.
+"""`workbench` command line: run | validate | data | serve | soak | microbench | trainbench | variant-quality | bench |
+report | engines.
 
 Each subcommand imports its module only when called, so `workbench validate` stays instant and
 never imports torch or an engine backend.
@@ -105,6 +105,12 @@ def _cmd_serve(args) -> int:
         **torch_options.from_args(args, args.engine),
     )
     return 0
+
+
+def _cmd_soak(args) -> int:
+    from workbench.load.soak import main
+
+    return main(args)
 
 
 # subcommands that parse their own flags (argparse REMAINDER misses leading --flags): name -> module with main(argv)
@@ -216,6 +222,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     torch_options.add_flags(s)
     s.set_defaults(func=_cmd_serve)
+
+    s = sub.add_parser("soak", parents=[common],
+                       help="a long run of mixed requests against `workbench serve`: failures, answers vs an "
+                            "in-process reference, server memory against a derived bound (workbench/load/soak.py)")
+    s.add_argument("checkpoint", help="a checkpoint folder, or random:<size> (0.1m, 2.4m, 25m; built with a "
+                                      "soft-token projector in a temporary folder)")
+    s.add_argument("--url", default=None, help="soak the server already running there instead of starting one")
+    s.add_argument("--pid", type=int, default=None, help="with --url: the server's process id (its memory is read "
+                                                         "from /proc; without it memory is not checked)")
+    s.add_argument("--requests", type=int, default=10_000, help="requests after the warm-up (default 10000)")
+    s.add_argument("--concurrency", type=int, default=64, help="requests in flight (default 64)")
+    s.add_argument("--seed", type=int, default=0, help="seeds the mix and the prompts (default 0)")
+    s.add_argument("--prompt-tokens", type=int, default=24, help="prompt length of every request (default 24)")
+    s.add_argument("--beam-width", type=int, default=8, help="beam width of the beam-search kinds (default 8)")
+    s.add_argument("--candidates", type=int, default=20, help="catalog items per scoring request (default 20)")
+    s.add_argument("--dtype", default="float32", choices=names.DTYPES, help="the server's and the reference's dtype")
+    s.add_argument("--threads", type=int, default=1, help="the started server's OMP_NUM_THREADS (default 1)")
+    s.add_argument("--request-timeout", type=float, default=120.0, help="seconds before a request is a timeout")
+    s.add_argument("--json", default=None, metavar="FILE", help="also write the result (memory samples included)")
+    s.set_defaults(func=_cmd_soak)
 
     s = sub.add_parser("microbench", help="torch engine vs hf baseline, side by side, --floor or --ab (prints "
                                           "ratios; one MLflow run in experiment perf); its flags: microbench -h")
