@@ -116,3 +116,38 @@ def test_matrix_needs_test_prompts_and_the_torch_reference():
         parse_config({**base, "load": {**base["load"], "prompts_from": "synthetic"}})
     with pytest.raises(ConfigError, match="cost.reference_engine: torch"):
         parse_config({**base, "engines": [{"name": "hf"}], "cost": {"reference_engine": "hf"}})
+
+
+@pytest.mark.notebook
+def test_notebook_04_shows_the_matrix(trained_study, tmp_path):  # noqa: F811
+    """Notebook 04 on a matrix sweep of the tiny study (torch and hf in-process): the matrix table, its figures."""
+    import json
+
+    import papermill as pm
+
+    from workbench.paths import REPO_ROOT
+
+    out = tmp_path / "nb04.json"
+    overrides = {
+        "name": "nb_matrix", "tracking": {"experiment": "nb_matrix"},
+        "engines": [{"name": "torch", "transport": "inprocess"}, {"name": "hf", "transport": "inprocess"}],
+        "load": {"study": str(trained_study), "checkpoints": ["trained:none", "trained:soft_token"],
+                 "max_new_tokens": 3, "rates": [4.0], "requests_per_rate": 6, "warmup_requests": 1,
+                 "unloaded_requests": 3, "quality_users": 8, "slo_ms": 60000},
+    }  # fmt: skip
+    pm.execute_notebook(
+        str(REPO_ROOT / "notebooks" / "04_latency_and_cost.ipynb"), str(tmp_path / "04.ipynb"), kernel_name="python3",
+        cwd=str(tmp_path), progress_bar=False,
+        parameters={"experiment": str(REPO_ROOT / "experiments" / "matrix_quickstart.yaml"), "overrides": overrides,
+                    "results_json": str(out)},
+    )  # fmt: skip
+    rows = json.loads(out.read_text())["matrix"]
+    assert sorted((r["method"], r["series"]) for r in rows) == [("none", "hf"), ("none", "torch"),
+                                                                ("soft_token", "hf"), ("soft_token", "torch")]
+    assert all(r["agree_top10"] is not None and 0 <= r["agree_top10"] <= 1 for r in rows)
+    assert all(r["cost_basis"] == "saturation within SLO" and r["usd_per_1m"] > 0 for r in rows)
+    executed = json.loads((tmp_path / "04.ipynb").read_text())
+    shown = [o for c in executed["cells"] for o in c.get("outputs", [])
+             if "application/vnd.plotly.v1+json" in o.get("data", {})]
+    titles = {o["data"]["application/vnd.plotly.v1+json"]["layout"]["title"]["text"] for o in shown}
+    assert sum(t.startswith("matrix:") for t in titles) == 3, titles  # cost, quality, the fronts

@@ -79,8 +79,7 @@ async def rank_sample(engine, prompts, checkpoint, load, batch: int = 8) -> Cell
     """The sample's top-K lists through `engine`, as evaluation ranks them (`study.evaluate.beam_requests`:
     constrained like the sweep, seen items banned), sent in batches of `batch` on the sweep's event loop."""
     from workbench.model.checkpoint import read_catalog
-    from workbench.study.evaluate import beam_ranking, beam_requests, per_user_metrics, ranks_of
-    from workbench.study.intervals import mean_interval
+    from workbench.study.outputs import Quality, beam_ranking, beam_requests, mean_interval
 
     sub = prompts.subset(sample(len(prompts), load.quality_users, load.seed))
     catalog = read_catalog(checkpoint)
@@ -92,8 +91,8 @@ async def rank_sample(engine, prompts, checkpoint, load, batch: int = 8) -> Cell
     if br.failures:
         raise RuntimeError(f"{br.failures} of {len(sub)} quality-sample requests failed: {br.errors[:3]}")
     lists = [lst[:K] for lst in br.lists]
-    pu = per_user_metrics(ranks_of(lists, sub.targets), (K,))
-    ndcg, recall = pu[names.ndcg_at(K)], pu[names.recall_at(K)]
+    q = Quality.from_lists(prompts.method, sub.users, sub.targets, lists, (K,))
+    ndcg, recall = q.per_user[names.ndcg_at(K)], q.per_user[names.recall_at(K)]
     iv = mean_interval([ndcg], seed=load.seed)
     metrics = {names.MATRIX_USERS: float(len(sub)), names.MATRIX_NDCG: float(ndcg.mean()),
                names.MATRIX_NDCG_LO: iv.lo, names.MATRIX_NDCG_HI: iv.hi, names.MATRIX_RECALL: float(recall.mean())}

@@ -13,7 +13,9 @@ Read what it produced (a load test's `trained:<method>` checkpoints and `prompts
     prompts = study_test_prompts(cfg, ckpt, inputs)        # its test prompts, as evaluation sends them
 
 Measure quality the way the study does (a faster engine variant against float32, `perf/variant_quality.py`):
-`beam_rank` through an engine on `device_options()`, `Quality` of the lists, `compare` of two Qualities.
+`beam_rank` through an engine on `device_options()`, `Quality` of the lists, `compare` of two Qualities; a caller
+on its own event loop (the method x engine matrix, `load/matrix.py`) sends `beam_requests` itself and maps the
+results with `beam_ranking`; `mean_interval` is the study's interval of a mean.
 A checkpoint or prompts the study has not produced raise `StudyError`.
 
 Time the study's own training steps (`perf/trainbench.py`): `training_run(cfg, inputs, method, seed, folder)` is a
@@ -23,15 +25,17 @@ worker of the study gets, `set_threads(n)` sets torch's and numpy's thread count
 
 from __future__ import annotations
 
-from workbench.study.evaluate import Quality, beam_rank, compare, device_options
+from workbench.study.evaluate import Quality, beam_rank, beam_ranking, beam_requests, compare, device_options
 from workbench.study.inputs import (StudyError, StudyInputs, inputs_from_context, set_threads, study_test_prompts,
                                     trained_checkpoint)
+from workbench.study.intervals import mean_interval
 from workbench.study.pipeline import prepare_context, resolve_stages, run_experiment
 from workbench.study.stages.train import threads_per_worker as training_threads
 from workbench.study.stages.train import training_run
 
 __all__ = [
-    "Quality", "StudyError", "StudyInputs", "beam_rank", "compare", "device_options", "inputs_from_context",
+    "Quality", "StudyError", "StudyInputs", "beam_rank", "beam_ranking", "beam_requests", "compare", "device_options",
+    "inputs_from_context", "mean_interval",
     "prepare_context", "resolve_stages", "run_experiment", "set_threads", "study_test_prompts", "trained_checkpoint",
     "training_run", "training_threads",
 ]  # fmt: skip
