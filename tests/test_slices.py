@@ -9,7 +9,8 @@ import pytest
 from workbench import names
 from workbench.study.compare import Entry, comparison_table
 from workbench.study.intervals import mean_interval, seed_user_bootstrap
-from workbench.study.slices import SLICE, SLICE_USERS, history_quartiles, sliced_table
+from workbench.names import SLICE, SLICE_USERS
+from workbench.study.slices import history_quartiles, sliced_table
 
 N10 = names.ndcg_at(10)
 METRICS = (names.recall_at(10), N10, names.MRR)

@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench import names
-from workbench.study.slices import SLICE, SLICE_USERS
-from workbench.study.summary import BY_HISTORY
+from workbench.names import BY_HISTORY, SLICE, SLICE_USERS
 
 N10, R10 = names.ndcg_at(10), names.recall_at(10)
 ABLATED_SIGNALS = ("own", "shuffled", "zeroed")

@@ -9,7 +9,7 @@
   not only the last `max_len` of each user.
   Its top-100 per test user are also the candidates the generative models re-rank with `score`.
 - ALS: the dot-product ranker `als_rank` (its ALS is fitted and picked in `stages/evaluate.py`).
-  EASE lives in `ease.py`; both rank with `top_k_rows` (ties by item id).
+  EASE lives in `ease.py`; both rank with `evaluate.top_k_rows` (ties by item id).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Sequence
 import numpy as np
 
 from workbench import names
-from workbench.study.evaluate import per_user_metrics, ranks_of, top_k_excluding
+from workbench.study.evaluate import per_user_metrics, ranks_of, top_k_excluding, top_k_rows
 
 
 def popularity_scores(train: Sequence[np.ndarray], n_items: int) -> np.ndarray:
@@ -274,25 +274,3 @@ def als_rank(
         s = np.einsum("mf,if->mi", u[c : c + chunk], v)  # [m, n_items]
         out.extend(top_k_rows(s, seen[c : c + len(s)], k))
     return out
-
-
-def top_k_rows(s: np.ndarray, seen: Sequence[np.ndarray], k: int) -> list[np.ndarray]:
-    """Top-k item ids of each row of the score block `s` [m, n_items] (modified in place), `seen[i]` banned.
-
-    Ties are broken by item id (lower first); a row with fewer than k unseen items gets them all.
-    The ALS and EASE rankers share it.
-    """
-    m, n_items = s.shape
-    k = min(k, n_items)
-    banned = [np.asarray(seen[i], dtype=np.int64) for i in range(m)]
-    rows = np.repeat(np.arange(m), [len(x) for x in banned])
-    if len(rows):
-        s[rows, np.concatenate(banned)] = -np.inf
-    if k == 0:
-        return [np.empty(0, dtype=np.int64) for _ in range(m)]
-    kth = np.partition(s, n_items - k, axis=1)[:, n_items - k]  # [m] k-th largest score
-    r, items = np.nonzero((s >= kth[:, None]) & np.isfinite(s))  # >= k per row when tied at kth
-    order = np.lexsort((items, -s[r, items], r))  # by row, then score desc, then item id
-    r, items = r[order], items[order]
-    starts = np.searchsorted(r, np.arange(m + 1))
-    return [items[starts[i] : min(starts[i] + k, starts[i + 1])].astype(np.int64) for i in range(m)]

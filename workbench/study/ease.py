@@ -58,11 +58,11 @@ def ease_weights(g: np.ndarray, lam: float) -> np.ndarray:
 
 def ease_rank(b: np.ndarray, histories: Sequence[np.ndarray], seen: Sequence[np.ndarray], k: int,
               chunk: int = 1024) -> list[np.ndarray]:
-    """Top-k items by x_u B per user, `seen[u]` banned, ties by item id (`baselines.top_k_rows`).
+    """Top-k items by x_u B per user, `seen[u]` banned, ties by item id (`evaluate.top_k_rows`).
 
     x_u is the binary vector of `histories[u]`; users are scored `chunk` rows at a time (a sparse-dense
     product sums each row on its own, so lists do not depend on `chunk`)."""
-    from workbench.study.baselines import top_k_rows
+    from workbench.study.evaluate import top_k_rows
 
     out: list[np.ndarray] = []
     for c in range(0, len(histories), chunk):

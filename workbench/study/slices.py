@@ -19,10 +19,8 @@ from typing import Sequence
 
 import numpy as np
 
+from workbench.names import SLICE, SLICE_USERS
 from workbench.study.compare import Entry
-
-SLICE = "slice"  # the table's column naming the slice ("Q1 (<= 43)")
-SLICE_USERS = "slice_users"  # how many test users the slice holds
 
 
 @dataclass(frozen=True)

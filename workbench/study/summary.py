@@ -15,7 +15,6 @@ from workbench.study import methods
 N10, R10 = names.ndcg_at(10), names.recall_at(10)
 LABELS = {"popularity": "popularity (baseline)", "als": "ALS (baseline)", "ease": "EASE (baseline)",
           "sasrec": "SASRec (baseline)"}
-BY_HISTORY = "comparison_by_history"  # the artifacts' stem (.csv, .md): the table per history-length quartile
 
 
 def _ci(row, key: str, digits: int = 4) -> str:
@@ -95,33 +94,29 @@ def format_table(table, cfg) -> str:
 
 def slices_markdown(by_history) -> str:
     """The comparison table of each history-length quartile (`slices.sliced_table`), one markdown table each."""
-    from workbench.study.slices import SLICE, SLICE_USERS
-
     out = ["Quality by history length: quartiles of the test users' train + valid interaction counts (edges over "
            "the test users); intervals: the seeds-then-users bootstrap on each quartile's users.", ""]
-    for label, g in by_history.groupby(SLICE, sort=False):
-        out += [f"### {label}: {int(g[SLICE_USERS].iloc[0])} test users", "", markdown_table(g), ""]
+    for label, g in by_history.groupby(names.SLICE, sort=False):
+        out += [f"### {label}: {int(g[names.SLICE_USERS].iloc[0])} test users", "", markdown_table(g), ""]
     return "\n".join(out)
 
 
 def format_slices(by_history) -> str:
     """The console's short view of the slices: NDCG@10 and the difference vs none per method and quartile."""
-    from workbench.study.slices import SLICE, SLICE_USERS
-
-    labels = list(dict.fromkeys(by_history[SLICE]))
+    labels = list(dict.fromkeys(by_history[names.SLICE]))
     rows = by_history[~by_history["method"].astype(str).str.contains("/")]
-    users = {lab: int(g[SLICE_USERS].iloc[0]) for lab, g in by_history.groupby(SLICE, sort=False)}
+    users = {lab: int(g[names.SLICE_USERS].iloc[0]) for lab, g in by_history.groupby(names.SLICE, sort=False)}
     cols = ["method", *(f"{lab}, {users[lab]} users" for lab in labels)]
     lines = ["NDCG@10 [95% CI] by history length (train + valid interactions); below it, the difference vs none:",
              "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for key, fmt in ((N10, _mean_ci), (f"vs_none/{N10}", _ci)):
         for method in dict.fromkeys(rows["method"]):
-            cells = [rows[(rows["method"] == method) & (rows[SLICE] == lab)] for lab in labels]
+            cells = [rows[(rows["method"] == method) & (rows[names.SLICE] == lab)] for lab in labels]
             vals = [fmt(c.iloc[0].to_dict(), key) if len(c) and key in c else "-" for c in cells]
             if any(v != "-" for v in vals):
                 name = LABELS.get(method, method) + ("" if key == N10 else " - none")
                 lines.append("| " + " | ".join([name, *vals]) + " |")
-    return "\n".join(["", *lines, f"(every comparison per quartile: {BY_HISTORY}.md in MLflow)", ""])
+    return "\n".join(["", *lines, f"(every comparison per quartile: {names.BY_HISTORY}.md in MLflow)", ""])
 
 
 def figures(table, trained) -> dict:
@@ -178,7 +173,7 @@ def log_study(ctx, table, trained, by_history=None) -> None:
         run.log_table(table, "comparison_table.csv")
         run.log_text(format_table(table, ctx.cfg), "comparison_table.md")
         if by_history is not None:
-            run.log_table(by_history, f"{BY_HISTORY}.csv")
-            run.log_text(slices_markdown(by_history), f"{BY_HISTORY}.md")
+            run.log_table(by_history, f"{names.BY_HISTORY}.csv")
+            run.log_text(slices_markdown(by_history), f"{names.BY_HISTORY}.md")
     for name, fig in figures(table, trained).items():
         target.log_figure(fig, name)
