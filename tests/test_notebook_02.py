@@ -51,7 +51,7 @@ def test_notebook_02_runs_and_records(tmp_path, data_dir, mlflow_store):
     assert cached >= {"data", "semantic_ids", "train"}, f"stage caches in the test's data folder: {sorted(cached)}"
     assert rec["methods"] == ["none", "soft_token"] and rec["test_users"] == 30
     assert set(rec["recall@10"]) == {"none", "soft_token", "soft_token/shuffled", "soft_token/zeroed", "popularity",
-                                     "als", "sasrec"}
+                                     "als", "ease", "sasrec"}
     assert all(0.0 <= v <= 1.0 for v in rec["recall@10"].values())
     assert rec["prompt_tokens_mean"]["soft_token"] == rec["prompt_tokens_mean"]["none"] + 1  # the <|user|> slot
     mean, lo, hi = rec["ndcg@10_vs_none"]["soft_token"]

@@ -17,6 +17,7 @@ browser checks skip and say why; the content checks still run.
 from __future__ import annotations
 
 import contextlib
+import html
 import importlib.util
 import io
 import math
@@ -33,7 +34,8 @@ pytestmark = pytest.mark.timeout(300)
 KINDS = {"study": "browser_study", "load": "browser_load", "join": "browser_study,browser_study_load",
          "perf": "browser_perf"}
 STUDY_FIGURES = ["study: test quality per method", "study: what the user signal carries",
-                 "study: quality vs prompt length", "study: validation NDCG@10 per epoch",
+                 "study: quality vs prompt length", "study: NDCG@10 by history length",
+                 "study: validation NDCG@10 per epoch",
                  "study: validation NDCG@10 vs training FLOPs", "study: SID codebook utilization"]  # fmt: skip
 
 
@@ -125,11 +127,17 @@ def test_study_report_shows_what_the_study_logged(reports):
     sr = s.studies
     assert len(sr.runs) == 1 and len(s.summary) == 0
     methods = set(sr.table["method"])
-    assert {"popularity", "als", "sasrec", "none", "soft_token", "soft_token/shuffled",
+    assert {"popularity", "als", "ease", "sasrec", "none", "soft_token", "soft_token/shuffled",
             "soft_token/zeroed"} <= methods  # fmt: skip
     assert sr.table.set_index("method").loc["soft_token", f"vs_none/{names.ndcg_at(10)}_lo"] <= \
         sr.table.set_index("method").loc["soft_token", f"vs_none/{names.ndcg_at(10)}"]
-    assert set(sr.per_seed["method"]) >= {"none", "soft_token", "soft_token/shuffled", "soft_token/zeroed", "sasrec"}
+    assert set(sr.per_seed["method"]) >= {"none", "soft_token", "soft_token/shuffled", "soft_token/zeroed", "sasrec",
+                                          "ease"}
+    # the table by history length: every row of the table on each quartile, the quartiles partition the test users
+    sl = sr.slices
+    assert set(sl["method"]) == methods and sl["slice"].str.match(r"Q[1-4] \(").all()
+    users = sl.drop_duplicates("slice")["slice_users"]
+    assert users.sum() == int(sr.table["test_users"].iloc[0]) and len(users) >= 2
     assert set(sr.curves["method"]) == {"none", "soft_token"} and sr.curves[names.TRAIN_FLOPS].gt(0).all()
     assert {"n", "collision_rate", "utilization_l0"} <= set(sr.sid["statistic"])
     run = sr.runs[0]
@@ -137,12 +145,13 @@ def test_study_report_shows_what_the_study_logged(reports):
     assert "torch" in run["environment"]["versions"] and "mlflow" in run["environment"]["versions"]
     assert list(report.figures(s)) == STUDY_FIGURES
     text = path.read_text()
-    for anchor in ("study-quality", "study-seeds", "study-curves", "study-ablation", "study-cost", "study-sids",
-                   "study-runs"):  # fmt: skip
+    for anchor in ("study-quality", "study-slices", "study-seeds", "study-curves", "study-ablation", "study-cost",
+                   "study-sids", "study-runs"):  # fmt: skip
         assert f"id='{anchor}'" in text, anchor
     assert "No finished load runs" not in text and "(none)" not in text
-    for col in ("ΔNDCG@10 vs none", "ΔNDCG@10 vs ALS", "ΔNDCG@10 vs SASRec", "ΔNDCG@10 vs own signal",
-                "prompt tokens (mean)", "train FLOPs", "ms/request", "collision_rate", run["cpu"]):
+    assert "No table by history length" not in text and html.escape(sl["slice"].iloc[0]) in text
+    for col in ("ΔNDCG@10 vs none", "ΔNDCG@10 vs ALS", "ΔNDCG@10 vs EASE", "ΔNDCG@10 vs SASRec",
+                "ΔNDCG@10 vs own signal", "prompt tokens (mean)", "train FLOPs", "ms/request", "collision_rate", run["cpu"]):
         assert col in text, col
 
 

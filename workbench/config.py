@@ -282,8 +282,17 @@ class EvaluationConfig(Section):
     sasrec_lr_grid: tuple[float, ...] = (1e-3, 3e-3)
     als_regularization_grid: tuple[float, ...] = (0.05, 1.0)  # the `als` ranker (factors: embeddings.als_factors)
     als_alpha_grid: tuple[float, ...] = (1.0, 10.0)
+    ease_lambda_grid: tuple[float, ...] = (50.0, 200.0, 500.0, 1000.0, 3000.0)  # the `ease` ranker (study/ease.py)
     validity_users: int = Field(100, ge=0)  # users for the unconstrained SID-validity share
     latency_requests: int = Field(20, ge=0)  # single beam-search requests timed per method (mean latency)
+
+    @field_validator("ease_lambda_grid")
+    @classmethod
+    def _ease_grid(cls, v):
+        if len(v) == 0 or any(not x > 0 for x in v):
+            raise ValueError(f"evaluation.ease_lambda_grid must be a non-empty list of lambdas > 0, got {list(v)}; "
+                             "e.g. [50, 200, 500, 1000, 3000]")
+        return v
 
     @model_validator(mode="after")
     def _beam_vs_k(self):

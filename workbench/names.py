@@ -35,6 +35,12 @@ STAGES = ("data", "embeddings", "semantic_ids", "train", "evaluate")
 STAGE_LOAD = "load"  # one child run per engine x checkpoint of a sweep
 STAGE_LOAD_SWEEP = "load_sweep"  # the sweep's parent run
 
+# the study's comparison table by history-length quartile (study/slices.py): its artifacts' stem (.csv, .md) and
+# the two columns it adds to the comparison table's
+BY_HISTORY = "comparison_by_history"
+SLICE = "slice"  # "Q1 (<= 43)": the quartile, its edges in the label
+SLICE_USERS = "slice_users"  # the test users in the quartile
+
 # ---- quality metrics ------------------------------------------------------------------------
 KS = (5, 10, 30)
 

@@ -24,5 +24,5 @@ TINY_STUDY_OVERRIDES: dict = {
     "methods": {"run": ["none", "soft_token"], "recent_k": 3, "long_m": 5},
     "evaluation": {"test_users": 30, "bootstrap": 50, "sasrec_epochs": 1, "validity_users": 5,
                    "latency_requests": 2, "sasrec_lr_grid": [0.002], "als_regularization_grid": [0.05],
-                   "als_alpha_grid": [1.0]},
+                   "als_alpha_grid": [1.0], "ease_lambda_grid": [200.0]},
 }  # fmt: skip

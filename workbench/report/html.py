@@ -6,8 +6,9 @@ hardware and git commits. It reads runs; it never trains or sends load. It shows
 experiment(s) hold, so one command serves every kind:
 
 - a personalization study (`workbench run`, `studies.py`): the quality table with its intervals
-  (vs none, vs the baselines), per-seed values, learning curves, the user-signal ablation, prompt
-  length and cost, SID codebook statistics, and each run's config, commit, CPU and versions;
+  (vs none, vs the baselines), the same by history-length quartile, per-seed values, learning curves,
+  the user-signal ablation, prompt length and cost, SID codebook statistics, and each run's config,
+  commit, CPU and versions;
 - load sweeps (`workbench bench`): summary, latency / throughput / cost figures, rate points, configs;
 - both (comma-joined experiments): also quality vs cost and vs p99 latency with the Pareto front;
 - a method x engine matrix (a sweep with `load.quality_users`, `load/matrix.py`): cost per cell as a heatmap,
@@ -439,6 +440,14 @@ def _study_html(study: Study, draw: _Figures) -> list[str]:
         parts.append("<p class='note'>No comparison table: no study run here finished its evaluate stage.</p>")
     parts += ["<h3 id='study-quality'>Quality (vs none and the baselines)</h3>", _table(st.quality_rows(sr))]
     parts.append(draw({k: v for k, v in figs.items() if k == "study: test quality per method"}))
+    parts.append("<h3 id='study-slices'>Quality by history length</h3>")
+    sl = st.slice_rows(sr)
+    parts.append("<p class='note'>The test users cut into quartiles of their train + valid interaction count (edges "
+                 "over the test users, in the <code>history length</code> column); each quartile's intervals are "
+                 "the seeds-then-users bootstrap on its users.</p>" + _table(sl) if len(sl) else
+                 "<p class='note'>No table by history length: these runs did not log "
+                 "<code>comparison_by_history.csv</code> (evaluated before it existed).</p>")
+    parts.append(draw({k: v for k, v in figs.items() if k == "study: NDCG@10 by history length"}))
     parts += ["<h3 id='study-seeds'>Per-seed values</h3>",
               "<p class='note'>One row per evaluation run (method x training seed x signal) and baseline run.</p>",
               _table(st.per_seed_rows(sr))]

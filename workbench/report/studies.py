@@ -4,8 +4,10 @@ A study run is a top-level MLflow run with one child run per stage (`study/pipel
 report shows comes from, and only from:
 
 - the comparison table (`comparison_table.csv` on the parent, `study/compare.py`): means with
-  seeds-then-users intervals, the paired differences vs none / als / sasrec and vs the method's own
+  seeds-then-users intervals, the paired differences vs none / als / ease / sasrec and vs the method's own
   signal, per-seed NDCG@10, prompt tokens, training FLOPs, ms/request, SID validity;
+- the same table per quartile of the test users' history length (`comparison_by_history.csv`,
+  `study/slices.py`), where the run logged it;
 - the evaluation child runs (one per method x seed x signal, and the als / sasrec baselines): the
   per-seed values;
 - the train child runs (one per method x seed x LR): validation NDCG@10 and cumulative training
@@ -24,10 +26,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench import names
+from workbench.names import BY_HISTORY, SLICE, SLICE_USERS
 
 N10, R10 = names.ndcg_at(10), names.recall_at(10)
 ABLATED_SIGNALS = ("own", "shuffled", "zeroed")
-REFERENCES = (("none", "vs none"), ("als", "vs ALS"), ("sasrec", "vs SASRec"))
+REFERENCES = (("none", "vs none"), ("als", "vs ALS"), ("ease", "vs EASE"), ("sasrec", "vs SASRec"))
 STUDY_STAGES = frozenset(names.STAGES)
 
 
@@ -37,6 +40,7 @@ class StudyRuns:
 
     runs: list[dict] = field(default_factory=list)  # one per study (parent) run: label, ids, commit, cpu, config, ...
     table: Any = None  # comparison_table.csv rows, with a `study` column
+    slices: Any = None  # comparison_by_history.csv rows (a `slice` column), with a `study` column
     per_seed: Any = None  # one row per evaluation / baseline child run
     curves: Any = None  # one row per (train run, epoch)
     sid: Any = None  # one row per (study, statistic), one column per SID family
@@ -90,7 +94,7 @@ def collect_study_runs(client, runs, latest: bool, load_artifact) -> StudyRuns:
     if not parents:
         return out
     labels = _study_labels(parents)
-    tables, seeds, curves, sid, util = [], [], [], [], []
+    tables, slices, seeds, curves, sid, util = [], [], [], [], [], []
     for p in parents:
         kids = children.get(p.info.run_id, [])
         label = labels[p.info.run_id]
@@ -99,6 +103,10 @@ def collect_study_runs(client, runs, latest: bool, load_artifact) -> StudyRuns:
         if table is not None:
             table.insert(0, "study", label)
             tables.append(table)
+        sliced = _comparison_table(client, p, kids, f"{BY_HISTORY}.csv")
+        if sliced is not None:
+            sliced.insert(0, "study", label)
+            slices.append(sliced)
         seeds += [row for k in kids if (row := _per_seed_row(k, label)) is not None]
         for k in kids:
             if k.data.tags.get(names.TAG_STAGE) == "train":
@@ -110,6 +118,7 @@ def collect_study_runs(client, runs, latest: bool, load_artifact) -> StudyRuns:
     import pandas as pd
 
     out.table = pd.concat(tables, ignore_index=True) if tables else _frame([])
+    out.slices = pd.concat(slices, ignore_index=True) if slices else _frame([])
     out.per_seed = _frame(seeds)
     if len(out.per_seed):
         out.per_seed = out.per_seed.sort_values(["study", "method", "seed"], kind="stable").reset_index(drop=True)
@@ -167,8 +176,9 @@ def _run_info(p, kids, label: str, load_artifact) -> dict:
     }  # fmt: skip
 
 
-def _comparison_table(client, parent, kids):
-    """comparison_table.csv of the parent (log_study), else of the evaluate stage's run; None before evaluate."""
+def _comparison_table(client, parent, kids, artifact: str = "comparison_table.csv"):
+    """`artifact` of the parent (log_study), else of the evaluate stage's run; None before evaluate (or, for the
+    table by history length, in a run from before it was logged)."""
     import tempfile
 
     import pandas as pd
@@ -177,7 +187,7 @@ def _comparison_table(client, parent, kids):
     for rid in [parent.info.run_id] + [k.info.run_id for k in evals]:
         try:
             with tempfile.TemporaryDirectory() as d:
-                return pd.read_csv(client.download_artifacts(rid, "comparison_table.csv", d))
+                return pd.read_csv(client.download_artifacts(rid, artifact, d))
         except Exception:  # noqa: BLE001 - no evaluate stage (yet) in this run
             continue
     return None
@@ -291,6 +301,28 @@ def quality_rows(sr: StudyRuns):
     return _frame(rows)
 
 
+def slice_rows(sr: StudyRuns):
+    """Quality by history length: each method and baseline (own signal) on each quartile's users, the quartiles of
+    one method side by side; intervals are the seeds-then-users bootstrap on the quartile's users."""
+    t = sr.slices
+    if t is None or len(t) == 0:
+        return _frame([])
+    t = t[~t["method"].astype(str).str.contains("/")]
+    rows = []
+    for _, r in t.iterrows():
+        r = r.to_dict()
+        row = {"study": r["study"]} if sr.multi else {}
+        row.update({"method": r["method"], "history length": r[SLICE], "users": _fmt(r.get(SLICE_USERS), "{:.0f}"),
+                    "NDCG@10 [95% CI]": _ci(r, N10, False), "Recall@10 [95% CI]": _ci(r, R10, False)})
+        for ref, title in REFERENCES:
+            row[f"ΔNDCG@10 {title}"] = _ci(r, f"vs_{ref}/{N10}", True)
+        rows.append(row)
+    df = _frame(rows)
+    order = {m: i for i, m in enumerate(dict.fromkeys(df["method"]))}  # the comparison table's order
+    keys = (["study"] if sr.multi else []) + ["_o"]
+    return df.assign(_o=df["method"].map(order)).sort_values(keys, kind="stable").drop(columns="_o")
+
+
 def ablation_rows(sr: StudyRuns):
     """The user-signal ablation: each ablated method on its own, a shuffled and a zeroed signal."""
     t = sr.table
@@ -386,6 +418,8 @@ def figures(sr: StudyRuns) -> dict[str, Any]:
         pl = prompt_length_figure(sr)
         if pl is not None:
             figs["study: quality vs prompt length"] = pl
+    if sr.slices is not None and len(sr.slices):
+        figs["study: NDCG@10 by history length"] = slice_figure(sr)
     if sr.curves is not None and len(sr.curves):
         figs["study: validation NDCG@10 per epoch"] = curve_figure(sr, "epoch", "epoch", log_x=False)
         if sr.curves[names.TRAIN_FLOPS].notna().any():
@@ -424,6 +458,23 @@ def quality_figure(sr: StudyRuns):
                                 hovertemplate="%{x} %{text}: %{y:.4f}<extra></extra>")  # fmt: skip
     fig.update_layout(title="Test NDCG@10 per method: 95% CI over seeds and users (bars), each seed (dots)",
                       barmode="group", scattermode="group", yaxis_title="NDCG@10", template="plotly_white")
+    return fig
+
+
+def slice_figure(sr: StudyRuns):
+    """NDCG@10 per method (own signal) on each quartile of history length, with its 95% interval."""
+    import plotly.graph_objects as go
+
+    t = sr.slices[~sr.slices["method"].astype(str).str.contains("/")].copy()
+    t["x"] = (t["study"].astype(str) + " · " + t[SLICE].astype(str)) if sr.multi else t[SLICE].astype(str)
+    fig = go.Figure()
+    for method, g in t.groupby("method", sort=False):
+        fig.add_bar(x=g["x"], y=g[N10], name=str(method), error_y=_err(g, N10),
+                    customdata=g[[SLICE_USERS]].to_numpy(),
+                    hovertemplate=f"{method} · %{{x}} (%{{customdata[0]}} users): %{{y:.4f}}<extra></extra>")
+    fig.update_layout(title="Test NDCG@10 by user history length (quartiles of train + valid interactions; 95% CI "
+                            "over seeds and the quartile's users)", barmode="group",
+                      xaxis_title="history length (interactions)", yaxis_title="NDCG@10", template="plotly_white")
     return fig
 
 

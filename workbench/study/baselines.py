@@ -1,4 +1,4 @@
-"""Baselines on the same split and metrics as the generative methods: popularity and SASRec.
+"""Baselines on the same split and metrics as the generative methods: popularity, SASRec and ALS.
 
 - Popularity: items ranked by their number of train interactions (train split only: neither the
   valid nor the test items count), each user's seen items excluded.
@@ -8,6 +8,8 @@
   transition of every train sequence is a target (windows of `max_len + 1` items, `sasrec_windows`),
   not only the last `max_len` of each user.
   Its top-100 per test user are also the candidates the generative models re-rank with `score`.
+- ALS: the dot-product ranker `als_rank` (its ALS is fitted and picked in `stages/evaluate.py`).
+  EASE lives in `ease.py`; both rank with `evaluate.top_k_rows` (ties by item id).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Sequence
 import numpy as np
 
 from workbench import names
-from workbench.study.evaluate import per_user_metrics, ranks_of, top_k_excluding
+from workbench.study.evaluate import per_user_metrics, ranks_of, top_k_excluding, top_k_rows
 
 
 def popularity_scores(train: Sequence[np.ndarray], n_items: int) -> np.ndarray:
@@ -265,25 +267,10 @@ def als_rank(
     """
     u = np.asarray(user_vectors, dtype=np.float64)  # [n, f]
     v = np.asarray(item_factors, dtype=np.float64)  # [n_items, f]
-    n_items = v.shape[0]
-    k = min(k, n_items)
     out: list[np.ndarray] = []
     for c in range(0, len(u), chunk):
         # einsum, not `@`: BLAS sums in an order that depends on the number of rows (small chunks
         # take other kernels), so last-bit differences would let `chunk` reorder near-ties
         s = np.einsum("mf,if->mi", u[c : c + chunk], v)  # [m, n_items]
-        m = len(s)
-        banned = [np.asarray(seen[c + i], dtype=np.int64) for i in range(m)]
-        rows = np.repeat(np.arange(m), [len(x) for x in banned])
-        if len(rows):
-            s[rows, np.concatenate(banned)] = -np.inf
-        if k == 0:
-            out.extend(np.empty(0, dtype=np.int64) for _ in range(m))
-            continue
-        kth = np.partition(s, n_items - k, axis=1)[:, n_items - k]  # [m] k-th largest score
-        r, items = np.nonzero((s >= kth[:, None]) & np.isfinite(s))  # >= k per row when tied at kth
-        order = np.lexsort((items, -s[r, items], r))  # by row, then score desc, then item id
-        r, items = r[order], items[order]
-        starts = np.searchsorted(r, np.arange(m + 1))
-        out.extend(items[starts[i] : min(starts[i] + k, starts[i + 1])].astype(np.int64) for i in range(m))
+        out.extend(top_k_rows(s, seen[c : c + len(s)], k))
     return out

@@ -1,8 +1,8 @@
 """The study's comparison table: one row per method or baseline, means over seeds and test users with intervals
 that include seed variance, and the paired differences against the references.
 
-Every comparison (method vs none, vs als, vs sasrec; a variant vs its own signal) is a seeds-then-users paired
-bootstrap (`intervals.seed_user_bootstrap`). The evaluate stage (`stages/evaluate.py`) fills the `Entry`s;
+Every comparison (method vs none, vs als, vs ease, vs sasrec; a variant vs its own signal) is a seeds-then-users
+paired bootstrap (`intervals.seed_user_bootstrap`). The evaluate stage (`stages/evaluate.py`) fills the `Entry`s;
 `summary.py` formats and logs the table.
 """
 
@@ -15,7 +15,7 @@ import numpy as np
 
 from workbench import names
 
-REFERENCES = ("none", "als", "sasrec")  # what every row is compared with
+REFERENCES = ("none", "als", "ease", "sasrec")  # what every row is compared with
 TABLE_METRICS = (names.recall_at(10), names.ndcg_at(10), names.MRR)
 
 
@@ -33,7 +33,7 @@ class Entry:
 
 def comparison_table(entries: dict[str, Entry], n_boot: int, seed: int):
     """One row per entry: mean metrics with seed-aware intervals, per-seed NDCG@10, and the paired
-    differences vs none / als / sasrec (and a signal variant vs its own signal)."""
+    differences vs none / als / ease / sasrec (and a signal variant vs its own signal)."""
     import pandas as pd
 
     from workbench.study.intervals import mean_interval, seed_user_bootstrap

@@ -113,6 +113,28 @@ def top_k_excluding(scores: np.ndarray, seen: Sequence[np.ndarray], k: int) -> l
     return [[int(x) for x, v in zip(row, s[i, row]) if np.isfinite(v)] for i, row in enumerate(order)]
 
 
+def top_k_rows(s: np.ndarray, seen: Sequence[np.ndarray], k: int) -> list[np.ndarray]:
+    """Top-k item ids of each row of the score block `s` [m, n_items] (modified in place), `seen[i]` banned.
+
+    Ties are broken by item id (lower first); a row with fewer than k unseen items gets them all.
+    The ALS and EASE rankers share it (`baselines.als_rank`, `ease.ease_rank`).
+    """
+    m, n_items = s.shape
+    k = min(k, n_items)
+    banned = [np.asarray(seen[i], dtype=np.int64) for i in range(m)]
+    rows = np.repeat(np.arange(m), [len(x) for x in banned])
+    if len(rows):
+        s[rows, np.concatenate(banned)] = -np.inf
+    if k == 0:
+        return [np.empty(0, dtype=np.int64) for _ in range(m)]
+    kth = np.partition(s, n_items - k, axis=1)[:, n_items - k]  # [m] k-th largest score
+    r, items = np.nonzero((s >= kth[:, None]) & np.isfinite(s))  # >= k per row when tied at kth
+    order = np.lexsort((items, -s[r, items], r))  # by row, then score desc, then item id
+    r, items = r[order], items[order]
+    starts = np.searchsorted(r, np.arange(m + 1))
+    return [items[starts[i] : min(starts[i] + k, starts[i + 1])].astype(np.int64) for i in range(m)]
+
+
 @dataclass
 class Quality:
     """Ranked lists of one method on a set of users, with per-user metrics."""

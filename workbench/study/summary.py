@@ -13,7 +13,8 @@ from workbench import names
 from workbench.study import methods
 
 N10, R10 = names.ndcg_at(10), names.recall_at(10)
-LABELS = {"popularity": "popularity (baseline)", "als": "ALS (baseline)", "sasrec": "SASRec (baseline)"}
+LABELS = {"popularity": "popularity (baseline)", "als": "ALS (baseline)", "ease": "EASE (baseline)",
+          "sasrec": "SASRec (baseline)"}
 
 
 def _ci(row, key: str, digits: int = 4) -> str:
@@ -34,15 +35,16 @@ def _num(row, key: str, fmt: str) -> str:
 
 def markdown_table(table) -> str:
     """The comparison as a markdown table (README-ready)."""
-    cols = ["method", "seeds", "N@10 [95% CI]", "R@10", "MRR", "N@10 per seed", "vs none", "vs ALS", "vs SASRec",
-            "vs own signal", "prompt tokens", "train FLOPs", "ms/request"]
+    cols = ["method", "seeds", "N@10 [95% CI]", "R@10", "MRR", "N@10 per seed", "vs none", "vs ALS", "vs EASE",
+            "vs SASRec", "vs own signal", "prompt tokens", "train FLOPs", "ms/request"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for _, r in table.iterrows():
         r = r.to_dict()
         cells = [LABELS.get(r["method"], r["method"]), str(int(r["seeds"])), _mean_ci(r, N10), f"{r[R10]:.4f}",
                  f"{r[names.MRR]:.4f}", r.get("per_seed/" + N10, ""), _ci(r, f"vs_none/{N10}"), _ci(r, f"vs_als/{N10}"),
-                 _ci(r, f"vs_sasrec/{N10}"), _ci(r, f"vs_own/{N10}"), _num(r, names.PROMPT_TOKENS_MEAN, "{:.0f}"),
-                 _num(r, names.TRAIN_FLOPS, "{:.2e}"), _num(r, "latency/request_mean_ms", "{:.1f}")]
+                 _ci(r, f"vs_ease/{N10}"), _ci(r, f"vs_sasrec/{N10}"), _ci(r, f"vs_own/{N10}"),
+                 _num(r, names.PROMPT_TOKENS_MEAN, "{:.0f}"), _num(r, names.TRAIN_FLOPS, "{:.2e}"),
+                 _num(r, "latency/request_mean_ms", "{:.1f}")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -56,7 +58,7 @@ def verdicts(table) -> list[str]:
     for _, r in table.iterrows():
         r = r.to_dict()
         name = r["method"]
-        for tag in ("own", "none", "als", "sasrec"):
+        for tag in ("own", "none", "als", "ease", "sasrec"):
             key = f"vs_{tag}/{N10}"
             d = r.get(key)
             pair = frozenset((name, name.split("/")[0] if tag == "own" else tag))
@@ -88,6 +90,33 @@ def format_table(table, cfg) -> str:
     found = verdicts(table)
     said = ["What the intervals decide:", *(f"- {v}" for v in found)] if found else []
     return "\n".join(["", markdown_table(table), "", *notes, "", *said, ""])
+
+
+def slices_markdown(by_history) -> str:
+    """The comparison table of each history-length quartile (`slices.sliced_table`), one markdown table each."""
+    out = ["Quality by history length: quartiles of the test users' train + valid interaction counts (edges over "
+           "the test users); intervals: the seeds-then-users bootstrap on each quartile's users.", ""]
+    for label, g in by_history.groupby(names.SLICE, sort=False):
+        out += [f"### {label}: {int(g[names.SLICE_USERS].iloc[0])} test users", "", markdown_table(g), ""]
+    return "\n".join(out)
+
+
+def format_slices(by_history) -> str:
+    """The console's short view of the slices: NDCG@10 and the difference vs none per method and quartile."""
+    labels = list(dict.fromkeys(by_history[names.SLICE]))
+    rows = by_history[~by_history["method"].astype(str).str.contains("/")]
+    users = {lab: int(g[names.SLICE_USERS].iloc[0]) for lab, g in by_history.groupby(names.SLICE, sort=False)}
+    cols = ["method", *(f"{lab}, {users[lab]} users" for lab in labels)]
+    lines = ["NDCG@10 [95% CI] by history length (train + valid interactions); below it, the difference vs none:",
+             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for key, fmt in ((N10, _mean_ci), (f"vs_none/{N10}", _ci)):
+        for method in dict.fromkeys(rows["method"]):
+            cells = [rows[(rows["method"] == method) & (rows[names.SLICE] == lab)] for lab in labels]
+            vals = [fmt(c.iloc[0].to_dict(), key) if len(c) and key in c else "-" for c in cells]
+            if any(v != "-" for v in vals):
+                name = LABELS.get(method, method) + ("" if key == N10 else " - none")
+                lines.append("| " + " | ".join([name, *vals]) + " |")
+    return "\n".join(["", *lines, f"(every comparison per quartile: {names.BY_HISTORY}.md in MLflow)", ""])
 
 
 def figures(table, trained) -> dict:
@@ -132,8 +161,9 @@ def figures(table, trained) -> dict:
     return figs
 
 
-def log_study(ctx, table, trained) -> None:
-    """The table (CSV + markdown) on the parent and the stage's run; the figures on the parent."""
+def log_study(ctx, table, trained, by_history=None) -> None:
+    """The table (CSV + markdown) and, given, the table by history length on the parent and the stage's run;
+    the figures on the parent."""
     target = ctx.parent if ctx.parent is not None else ctx.run
     if target is None:
         return
@@ -142,5 +172,8 @@ def log_study(ctx, table, trained) -> None:
             continue
         run.log_table(table, "comparison_table.csv")
         run.log_text(format_table(table, ctx.cfg), "comparison_table.md")
+        if by_history is not None:
+            run.log_table(by_history, f"{names.BY_HISTORY}.csv")
+            run.log_text(slices_markdown(by_history), f"{names.BY_HISTORY}.md")
     for name, fig in figures(table, trained).items():
         target.log_figure(fig, name)

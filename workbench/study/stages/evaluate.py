@@ -3,18 +3,23 @@ intervals that include seed variance.
 
 What is evaluated (all on `evaluation.test_users`, all test users by default, seen items banned):
 
-- baselines: `popularity`; `als`, the dot-product ranker on the very ALS user vectors the soft
-  token is handed (fold-in of train + valid, full-train item factors; regularization and alpha
-  picked on validation NDCG@10 from the config grids); `sasrec`, one per training seed, its LR
-  picked on validation NDCG@10;
+- baselines: `popularity`; `als`, a dot-product ranker on ALS vectors of its own, not the ones the
+  soft token and the user SIDs are handed: an ALS fitted on train with the (regularization, alpha) that
+  scores best on validation NDCG@10 among `evaluation.als_regularization_grid` x `als_alpha_grid` and the
+  embeddings' own pair (the embeddings' ALS is reused only when that pair wins), and a test vector folded
+  in from all of train + valid, whereas the signal methods fold in, with the embeddings' ALS, only the
+  history before the items their prompt shows (`PromptBuilder.signal_history`); `ease` (`study/ease.py`),
+  its lambda picked on validation NDCG@10 from `evaluation.ease_lambda_grid`, B fitted on train, test
+  users scored with train + valid; `sasrec`, one per training seed, its LR picked on validation NDCG@10;
 - every (method, seed) the train stage picked, through the torch engine (constrained beam search);
 - with `evaluation.signal_ablation`, soft_token and user_sid again with the user signal shuffled
   across users and zeroed (`PromptSet.with_signal`): what the signal carries, measured.
 
-Every comparison (method vs none, vs als, vs sasrec; a variant vs its own signal) is a
+Every comparison (method vs none, vs als, vs ease, vs sasrec; a variant vs its own signal) is a
 seeds-then-users paired bootstrap (`compare.comparison_table`): its interval includes seed
-variance. The per-seed values are kept in the table. Results go to the stage's MLflow run and to
-the parent (table CSV/markdown, figures; `summary.py`).
+variance. The per-seed values are kept in the table. The same table is also computed per quartile of
+the test users' history length (`slices.py`: each slice's intervals are the same bootstrap on its users).
+Results go to the stage's MLflow run and to the parent (tables CSV/markdown, figures; `summary.py`).
 
 Caching (`workbench.cache.cached`): every evaluation lives in `data/cache/eval/<key>/`, SASRec in
 `data/cache/sasrec/<key>/`; under torchrun evaluation entries are computed by all ranks together, SASRec by
@@ -38,7 +43,7 @@ from workbench.study.context import child_run, say
 from workbench.study.inputs import (CACHE_FORMAT, StudyInputs, inputs_from_context, method_test_prompts, seen_items,
                                     test_users, use_threads)
 
-BASELINES = ("popularity", "als", "sasrec")
+BASELINES = ("popularity", "als", "ease", "sasrec")
 VARIANTS = ("shuffled", "zeroed")
 SASREC_FORMAT = 2  # 2: unit-scale embedding init (SASRec with N(0, 1) rows trained below popularity)
 # Quality is measured through this engine, in this mode and dtype; the evaluation child runs carry
@@ -50,7 +55,8 @@ EVAL_DTYPE = "float32"
 
 def evaluate_stage(ctx) -> Any:
     """Evaluate baselines and trained models; log and print the comparison table."""
-    from workbench.study.summary import format_table, log_study
+    from workbench.study.slices import history_quartiles, sliced_table
+    from workbench.study.summary import format_slices, format_table, log_study
 
     cfg = ctx.cfg
     use_threads(cfg)
@@ -78,9 +84,13 @@ def evaluate_stage(ctx) -> Any:
                      f"({time.perf_counter() - t0:.0f}s)")
     table = comparison_table(entries, cfg.evaluation.bootstrap, cfg.seed)
     table.insert(1, "test_users", len(users))
-    log_study(ctx, table, trained)
+    slices = history_quartiles([len(s) for s in seen_items(inp, users)])
+    by_history = sliced_table(entries, slices, cfg.evaluation.bootstrap, cfg.seed)
+    log_study(ctx, table, trained, by_history)
     say(format_table(table, cfg))
+    say(format_slices(by_history))
     ctx.products["evaluate"] = table
+    ctx.products["evaluate/by_history"] = by_history
     return table
 
 
@@ -102,6 +112,11 @@ def _baselines(ctx, inp, users: np.ndarray) -> dict[str, Entry]:
         q = Quality.from_lists("als", users, targets, lists, ks, d.n_items)
         out["als"].per_seed[cfg.seed], out["als"].extra[cfg.seed] = q.per_user, info
         run.log_metrics({**q.summary(), **{k: v for k, v in info.items() if isinstance(v, float)}})
+    with child_run(ctx, "baseline/ease", {names.TAG_METHOD: "ease"}) as run:
+        lists, info = ease_test_lists(cfg, inp, users, seen, K)
+        q = Quality.from_lists("ease", users, targets, lists, ks, d.n_items)
+        out["ease"].per_seed[cfg.seed], out["ease"].extra[cfg.seed] = q.per_user, info
+        run.log_metrics({**q.summary(), **info})
     for seed in cfg.training.seeds:
         with child_run(ctx, f"baseline/sasrec/seed{seed}", {names.TAG_METHOD: "sasrec", names.TAG_SEED: seed}) as run:
             model, st, info = sasrec(cfg, inp, seed, log_fn=run.log_metrics)
@@ -141,6 +156,22 @@ def als_test_lists(cfg, inp, users: np.ndarray, seen, k: int) -> tuple[list, dic
     vecs = fold_in_users(model, [np.r_[d.train[u], d.valid[u]] for u in users])
     info = {"als/regularization": reg, "als/alpha": alpha, names.BEST_VALID_NDCG10: ndcg}
     return als_rank(vecs, model.item_factors, seen, k), info
+
+
+def ease_test_lists(cfg, inp, users: np.ndarray, seen, k: int) -> tuple[list, dict]:
+    """The `ease` ranker's test lists: B fitted on train with the lambda that scores best on validation
+    NDCG@10 (`ease.ease_tune`), each test user scored with train + valid, as `als` and `sasrec` are."""
+    from workbench.study.ease import ease_rank, ease_tune
+
+    d = inp.interactions
+    res = ease_tune(d.train, d.valid, d.n_items, cfg.evaluation.ease_lambda_grid, say)
+    t0 = time.perf_counter()
+    lists = ease_rank(res.weights, [np.r_[d.train[u], d.valid[u]] for u in users], seen, k)
+    say(f"  ease: lambda {res.lam:g} picked (valid NDCG@10 {res.valid_ndcg10:.4f}); solve {res.fit_s:.1f}s, "
+        f"tuning {res.wall_s:.0f}s, test ranking {time.perf_counter() - t0:.0f}s")
+    info = {"ease/lambda": res.lam, "ease/fit_s": res.fit_s, "ease/tune_s": res.wall_s,
+            names.BEST_VALID_NDCG10: res.valid_ndcg10}
+    return lists, info
 
 
 def sasrec(cfg, inp: StudyInputs, seed: int, log_fn=None):
@@ -189,7 +220,10 @@ def _eval_key(cfg, train_ckpt: Path, users: np.ndarray, rerank_cands, variant: s
         for c in rerank_cands:
             h.update(np.asarray(c, dtype=np.int64).tobytes() + b"|")
         cands = h.hexdigest()
-    return section_hash("eval", CACHE_FORMAT, cfg.evaluation, str(train_ckpt), cfg.methods.recent_k,
+    # the baselines-only keys added after the key's layout are left out: a model's evaluation does not read
+    # them, and a new one must not invalidate every cached evaluation
+    ev = cfg.evaluation.model_dump(mode="json", exclude={"ease_lambda_grid"})
+    return section_hash("eval", CACHE_FORMAT, ev, str(train_ckpt), cfg.methods.recent_k,
                         cfg.methods.long_m, users.tolist(), cands, EVAL_ENGINE, EVAL_MODE, EVAL_DTYPE, variant)
 
 
