@@ -107,6 +107,39 @@ def test_workers_train_the_same_models_and_log_them(tmp_path, mlflow_store, monk
                                                                            for j, r in trained[2].items()}
 
 
+def test_sasrec_trains_in_a_worker_as_in_the_evaluate_stage(tmp_path, mlflow_store, monkeypatch, one_torch_thread,
+                                                            capsys):
+    """With workers the evaluate stage's SASRec trains beside the models (stages/train.py, study/sasrec_models.py):
+    the same weights as when the evaluate stage trains it, and its baseline run carries the same curve (replayed
+    from the cache entry). Fault: the curve not replayed on a hit -> the series differ (empty); the SASRec jobs left
+    out of the workers' queue -> no "trained in a worker" line."""
+    import torch
+
+    from workbench.study.pipeline import run_experiment
+
+    models = {}
+    for workers in (1, 2):
+        monkeypatch.setenv("WORKBENCH_DATA_DIR", str(tmp_path / f"data{workers}"))
+        cfg = _study(f"sasrec{workers}", workers=workers, num_threads=1)
+        cfg.update({"stages": [*STAGES, "evaluate"], "methods": {**cfg["methods"], "run": ["none"]}})
+        cfg["evaluation"] = {**cfg["evaluation"], "sasrec_epochs": 2, "signal_ablation": False}
+        run_experiment(_load(tmp_path, cfg))
+        (entry,) = (tmp_path / f"data{workers}" / "cache" / "sasrec").iterdir()
+        models[workers] = torch.load(entry / "model.pt")
+    out = capsys.readouterr().out
+    assert "and 1 SASRec baseline(s) for the evaluate stage" in out and "trained in a worker" in out
+    assert models[1].keys() == models[2].keys() and all(torch.equal(models[1][k], models[2][k]) for k in models[1])
+    curves = []
+    for workers in (1, 2):
+        import mlflow
+        from mlflow.tracking import MlflowClient
+
+        exp = mlflow.get_experiment_by_name(f"sasrec{workers}")
+        (run,) = [r for r in MlflowClient().search_runs([exp.experiment_id]) if r.info.run_name == "baseline/sasrec/seed0"]
+        curves.append(_series(run.info.run_id, "sasrec/valid_ndcg_at_10"))  # the MLflow-safe name
+    assert len(curves[0]) == 2 and curves[0] == curves[1]
+
+
 EPOCHS = 4  # long enough to signal mid-training (a tiny epoch takes seconds), short enough to finish after
 
 

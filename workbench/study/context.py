@@ -33,6 +33,7 @@ class StageContext:
 
     cfg: StudyConfig
     experiment_file: str | None = None
+    stages: tuple[str, ...] = ()  # the stages this run executes, in order (a stage may prepare for a later one)
     parent: Any = None  # parent run handle (tracking._RunHandle) or None when untracked
     run: Any = None  # the current stage's child run handle (or a no-op stand-in)
     # data

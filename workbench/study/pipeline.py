@@ -120,7 +120,8 @@ def _run_tracked(cfg: StudyConfig, experiment_file: str | Path | None, stages) -
     from workbench import tracking
 
     order = resolve_stages(stages if stages else cfg.stages)
-    ctx = StageContext(cfg=cfg, experiment_file=str(experiment_file) if experiment_file else None)
+    ctx = StageContext(cfg=cfg, experiment_file=str(experiment_file) if experiment_file else None,
+                       stages=tuple(order))
     experiment = cfg.experiment_name
     with tracking.start_run(
         cfg.name,
@@ -153,9 +154,9 @@ def _run_tracked(cfg: StudyConfig, experiment_file: str | Path | None, stages) -
 
 def prepare_context(cfg: StudyConfig, stages=("data", "embeddings", "semantic_ids")) -> StageContext:
     """Run (or load from cache) stages without MLflow: for notebooks, tests and other stages' helpers."""
-    ctx = StageContext(cfg=cfg)
-    ctx.run = NullRun()
     order = resolve_stages(stages)
+    ctx = StageContext(cfg=cfg, stages=tuple(order))
+    ctx.run = NullRun()
     for i, name in enumerate(order, 1):
         _run_stage(ctx, name, i, len(order))
     return ctx

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from workbench import names
-from workbench.cache import RESUME_FILE, cached
+from workbench.cache import cached
 from workbench.config import section_hash, settings_from
 from workbench.study import methods
 from workbench.study.compare import Entry, comparison_table
@@ -45,7 +45,6 @@ from workbench.study.inputs import (CACHE_FORMAT, StudyInputs, inputs_from_conte
 
 BASELINES = ("popularity", "als", "ease", "sasrec")
 VARIANTS = ("shuffled", "zeroed")
-SASREC_FORMAT = 2  # 2: unit-scale embedding init (SASRec with N(0, 1) rows trained below popularity)
 # Quality is measured through this engine, in this mode and dtype; the evaluation child runs carry
 # them as tags so the report can join quality with load runs of the same checkpoint/engine/mode/dtype.
 EVAL_ENGINE = "torch"
@@ -175,33 +174,14 @@ def ease_test_lists(cfg, inp, users: np.ndarray, seen, k: int) -> tuple[list, di
 
 
 def sasrec(cfg, inp: StudyInputs, seed: int, log_fn=None):
-    """SASRec for one training seed (trained or loaded from cache), its LR picked on validation NDCG@10
-    from `evaluation.sasrec_lr_grid`, like the generative models'. Returns (model, settings, info)."""
-    import torch
+    """SASRec for one training seed, its LR picked on validation NDCG@10 from `evaluation.sasrec_lr_grid`, like the
+    generative models'; each (seed, lr) trained here or found in its cache entry (`sasrec_models.py`: a train-stage
+    worker may have trained it already). Returns (model, settings, info)."""
+    from workbench.study.sasrec_models import sasrec_model
 
-    from workbench.study.baselines import SasrecSettings, build_sasrec, train_sasrec
-
-    ev = cfg.evaluation
     best = None
-    for lr in ev.sasrec_lr_grid:
-        st = SasrecSettings(max_len=ev.sasrec_max_len or cfg.methods.long_m, epochs=ev.sasrec_epochs, seed=seed, lr=lr)
-        key = section_hash("sasrec", CACHE_FORMAT, SASREC_FORMAT, st.__dict__, inp.upstream_key)
-
-        def load(folder: Path, info: dict, st=st):
-            model = build_sasrec(inp.interactions.n_items, st)
-            model.load_state_dict(torch.load(folder / "model.pt"))
-            return model.eval()
-
-        def compute(folder: Path, st=st):
-            d = inp.interactions
-            res = train_sasrec(d.train, d.valid, d.n_items, st, log_fn=log_fn, resume_file=folder / RESUME_FILE)
-            torch.save(res.model.state_dict(), folder / "model.pt")
-            (folder / RESUME_FILE).unlink(missing_ok=True)  # model.pt holds what matters now
-            return res.model, {"best_epoch": res.best_epoch, "best_valid_ndcg10": res.best_valid_ndcg10,
-                               "wall_s": res.wall_s, "history": res.history, "lr": lr}
-
-        # resumable: a stopped SASRec goes on after its last finished epoch
-        model, info, _ = cached("sasrec", key, compute, load, say, resumable=True)
+    for lr in cfg.evaluation.sasrec_lr_grid:
+        model, st, info = sasrec_model(cfg, inp, seed, float(lr), log_fn)
         if best is None or info["best_valid_ndcg10"] > best[2]["best_valid_ndcg10"]:
             best = (model, st, info)
     return best

@@ -25,7 +25,7 @@ from workbench import names
 from workbench.cache import cached
 from workbench.config import settings_from
 from workbench.errors import UsageError
-from workbench.study import methods
+from workbench.study import methods, sasrec_models
 from workbench.study.context import child_run, say
 from workbench.study.inputs import StudyInputs, inputs_from_context, set_threads, train_entry, train_key, use_threads
 
@@ -157,7 +157,9 @@ def train_stage(ctx, build_inputs: Callable[[Any], StudyInputs] | None = None) -
     jobs = [(m, s, lr) for m in cfg.methods.run for s in cfg.training.seeds for lr in cfg.training.lr_grid]
     done: dict[tuple, tuple[Any, bool]] = {}  # job -> (TrainResult, cache hit)
     todo = [job for job in jobs if train_entry(cfg, inp, *job)[1] is None]
-    if cfg.training.workers > 1 and len(todo) > 1:
+    # the evaluate stage's SASRecs need nothing trained here: with workers they train beside the models, last
+    sasrec_todo = sasrec_models.missing(cfg, inp) if "evaluate" in ctx.stages else []
+    if cfg.training.workers > 1 and len(todo) + len(sasrec_todo) > 1:
         if dist.world().size > 1:
             raise UsageError("training.workers > 1 does not combine with torchrun (every rank already trains its "
                              "share of each model); set training.workers: 1")
@@ -165,12 +167,17 @@ def train_stage(ctx, build_inputs: Callable[[Any], StudyInputs] | None = None) -
             raise ValueError("training.workers > 1: train_stage needs build_inputs (pipeline.study_inputs)")
         from workbench.study.workers import side_by_side
 
-        n = min(cfg.training.workers, len(todo))
-        todo = longest_first(cfg, todo)
-        say(f"  training {len(todo)} models, {n} at a time in worker processes ({threads_per_worker(cfg)} "
+        queue = longest_first(cfg, todo) + sasrec_todo
+        n = min(cfg.training.workers, len(queue))
+        also = f" and {len(sasrec_todo)} SASRec baseline(s) for the evaluate stage" if sasrec_todo else ""
+        say(f"  training {len(todo)} models{also}, {n} at a time in worker processes ({threads_per_worker(cfg)} "
              f"thread(s) each); each model's run is logged when it finishes")
 
         def finished(job, fut) -> None:
+            if job[0] == sasrec_models.JOB:  # its run is the evaluate stage's baseline/sasrec (the curve replayed)
+                _worker_result(job, fut)
+                say(f"  SASRec seed={job[1]} lr={job[2]:g}: trained in a worker (cached for the evaluate stage)")
+                return
             with _train_run(ctx, *job) as run:
                 logged = _worker_result(job, fut)
                 res = _trained_by_worker(cfg, inp, *job)
@@ -180,7 +187,7 @@ def train_stage(ctx, build_inputs: Callable[[Any], StudyInputs] | None = None) -
             done[job] = (res, False)
             _say_trained(job, res, hit=False)
 
-        side_by_side(todo, n, _worker_train, finished, init=_worker_init,
+        side_by_side(queue, n, _worker_train, finished, init=_worker_init,
                      init_args=(cfg, inp.upstream_key, build_inputs))
     for job in jobs:
         if job in done:
@@ -239,7 +246,11 @@ def _worker_init(cfg, upstream_key: str, build_inputs: Callable[[Any], StudyInpu
 
 
 def _worker_train(job) -> list[tuple[dict, int]]:
-    """Train one (method, seed, lr) in this worker; returns the metrics it logged, as (metrics, step) in order."""
+    """Train one (method, seed, lr) in this worker, or one SASRec (`sasrec_models.JOB`, seed, lr) into its cache
+    entry; returns the metrics a model logged, as (metrics, step) in order."""
+    if job[0] == sasrec_models.JOB:
+        sasrec_models.sasrec_model(_worker["cfg"], _worker["inputs"], job[1], job[2])
+        return []
     logged: list[tuple[dict, int]] = []
     train_one(_worker["cfg"], _worker["inputs"], *job, log_fn=lambda m, step: logged.append((dict(m), step)))
     return logged
