@@ -267,3 +267,48 @@ def test_only_the_methods_that_read_a_signal_get_a_new_train_key_with_the_source
         assert len({train_key(cfg, inp, method, 1e-3, 0) for cfg, inp in variants}) == 1, method
     for method in ("soft_token", "user_sid"):
         assert len({train_key(cfg, inp, method, 1e-3, 0) for cfg, inp in variants}) == len(variants), method
+
+
+# ---- through the real pipeline --------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_tiny_study_on_the_features_source_ablates_it_and_shares_none_with_als(tmp_path, data_dir, mlflow_store,
+                                                                                  one_torch_thread):
+    """ML-100K at tiny size with `user_signal.source: features`: soft_token reads the 1-hot/standardized features
+    (its vectors are theirs), its own / shuffled / zeroed rows are in the table, and the `als` source's study finds
+    the same `none` model already trained (its key does not carry the source) but not soft_token's."""
+    import importlib.util
+
+    import yaml
+
+    if importlib.util.find_spec("recbole") is None:
+        pytest.skip("MovieLens-100K ships in the recbole wheel: pip install --no-deps recbole==1.2.1")
+    from workbench.config import deep_merge, load_study
+    from workbench.paths import REPO_ROOT
+    from workbench.study.inputs import method_test_prompts, test_users, train_entry
+    from workbench.study.outputs import inputs_from_context, prepare_context, run_experiment
+    from workbench.testing import TINY_STUDY_OVERRIDES
+
+    def study(source):
+        cfg = deep_merge(TINY_STUDY_OVERRIDES, {"base": str(REPO_ROOT / "experiments" / "quickstart.yaml"),
+                                                "name": f"tiny_{source}", "user_signal": {"source": source}})
+        path = tmp_path / f"tiny_{source}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        return load_study(path), path
+
+    cfg, path = study("features")
+    ctx = run_experiment(cfg, experiment_file=path)
+    table = ctx.products["evaluate"].set_index("method")
+    assert {"none", "soft_token", "soft_token/shuffled", "soft_token/zeroed"} <= set(table.index)
+    inp = inputs_from_context(ctx)
+    assert inp.encoder.dim == ctx.user_signal.dim == 63  # ML-100K: age (2) + gender (4) + occupation (23) + zip (34)
+    (res,) = [r for (m, _), r in ctx.products["train"].items() if m == "soft_token"]
+    ps = method_test_prompts(cfg, inp, "soft_token", res.checkpoint, test_users(cfg, inp))
+    from workbench.study.user_signal import FeatureEncoding
+
+    enc = FeatureEncoding.fit(ctx.dataset.user_features, cfg.user_signal.max_categories)
+    np.testing.assert_array_equal(ps.user_vectors, enc.transform(ctx.dataset.user_features)[ps.users])
+    als_cfg, _ = study("als")
+    als_inp = inputs_from_context(prepare_context(als_cfg))
+    seed, lr = cfg.training.seeds[0], cfg.training.lr_grid[0]
+    assert train_entry(als_cfg, als_inp, "none", seed, lr)[1] is not None  # trained once for both sources
+    assert train_entry(als_cfg, als_inp, "soft_token", seed, lr)[1] is None  # its signal changed: a new model
