@@ -94,7 +94,8 @@ def test_prompt_and_windows_come_from_the_method(last_item):
     b = PromptBuilder("last_item", LAYOUT, SIDS, recent_k=3, long_m=5)
     assert b.build([3, 7, 1]) == (SIDS[1].tolist(), None) and b.template == "S(h[-1])"
     train = [np.array([4, 2, 9, 5, 0], dtype=np.int64), np.array([8, 3], dtype=np.int64)]
-    ws = WindowBuilder(b, max_tokens=64).epoch(train, UserEncoder(lambda lists: None, 2), np.random.default_rng(0))
+    enc = UserEncoder(lambda users, lists, as_of: None, 2)
+    ws = WindowBuilder(b, max_tokens=64).epoch(train, enc, np.random.default_rng(0))
     assert sorted((w.user, int(t)) for w in ws.windows for t in w.targets) == [(0, 0), (0, 2), (0, 5), (0, 9), (1, 3)]
     for w in ws.windows:  # one target per window; its view is the evaluation prompt of the item before it
         assert len(w.items) == 2 and w.ids.tolist() == b.build(w.items[:1])[0] + SIDS[w.items[1]].tolist()

@@ -94,7 +94,7 @@ class RecordingEncoder:
     def __init__(self):
         self.calls = []
 
-    def vectors(self, lists):
+    def vectors(self, users, lists, as_of):
         self.calls.append([list(map(int, l)) for l in lists])
         out = np.zeros((len(lists), N_ITEMS), np.float32)
         for i, l in enumerate(lists):

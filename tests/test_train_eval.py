@@ -93,7 +93,7 @@ def synthetic():
         test.append(seq[9])
     data = Interactions(train, np.array(valid), np.array(test), n_items)
 
-    def vectors(lists):
+    def vectors(users, lists, as_of=None):
         out = np.zeros((len(lists), N_CLUSTERS), np.float32)
         for i, l in enumerate(lists):
             for it in l:
@@ -101,7 +101,7 @@ def synthetic():
         return out
 
     enc = UserEncoder(vectors, N_CLUSTERS, lambda v: np.stack([v.argmax(1), np.zeros(len(v), int)], 1),
-                      lambda user, seq, cuts: vectors([seq[:c] for c in cuts]))
+                      lambda user, seq, cuts: vectors(None, [seq[:c] for c in cuts]))
     texts = [f"cluster {i // PER} film {i}" for i in range(n_items)]
     return data, codes, enc, texts
 

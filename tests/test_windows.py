@@ -49,9 +49,9 @@ class Recorder:
             out[r, seq[:c]] = 1.0
         return out
 
-    def encoder(self):
+    def encoder(self, history="older"):
         codes = lambda v: np.stack([v.argmax(1) % 5, (v.sum(1) % 5).astype(int)], 1)  # noqa: E731
-        return UserEncoder(lambda lists: None, N_ITEMS, codes, self.train_vectors)
+        return UserEncoder(lambda users, lists, as_of: None, N_ITEMS, codes, self.train_vectors, history)
 
 
 def _tiny_model():
@@ -118,16 +118,18 @@ def test_every_method_trains_on_the_same_targets_and_each_view_is_its_eval_promp
         assert view == want, (method, w.user, w.start)
 
 
+@pytest.mark.parametrize("history", ["older", "all"])
 @pytest.mark.parametrize("method", ["user_sid", "soft_token"])
-def test_no_supervised_target_reaches_the_user_signal(method):
-    """Over every window of a small run: the signal is folded in from items strictly before the window."""
+def test_no_supervised_target_reaches_the_user_signal(method, history):
+    """Over every window of a small run: the signal is computed from items strictly before the window (older) or
+    up to its first item w_0 (all), never from one of its targets."""
     train = _train()
     rec = Recorder()
     b = _builder(method)
-    ws = WindowBuilder(b, max_tokens=512).epoch(train, rec.encoder(), np.random.default_rng(2))
+    ws = WindowBuilder(b, max_tokens=512).epoch(train, rec.encoder(history), np.random.default_rng(2))
     assert len(rec.cuts) == len(ws.windows)
     for (user, cut), w in zip(rec.cuts, ws.windows):
-        assert user == w.user and cut == w.start
+        assert user == w.user and cut == (w.start if history == "older" else w.start + 1)
         signal_items = set(train[user][:cut].tolist())
         assert not signal_items & set(w.targets.tolist()), "a supervised target was folded into its own signal"
         if method == "soft_token":

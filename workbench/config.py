@@ -2,7 +2,7 @@
 
 Two kinds of experiment file, each its own model:
 - a **study** (`StudyConfig`, run with `workbench run FILE`): dataset, split, embeddings,
-  semantic_ids, user_sids, model, training, methods, evaluation, tracking, stages;
+  semantic_ids, user_sids, user_signal, model, training, methods, evaluation, tracking, stages;
 - a **load sweep** (`SweepConfig`, run with `workbench bench FILE`): engines, load, cost,
   tracking. A file with a `load:` section is a sweep; any other file is a study. Running a file
   with the other kind's command is a clear error.
@@ -196,6 +196,25 @@ class SemanticIdConfig(QuantizerConfig):
 class UserSidConfig(QuantizerConfig):
     levels: int = Field(2, ge=1, le=8)
     codebook_size: int = Field(32, ge=2)
+
+
+class UserSignalConfig(Section):
+    """What soft_token (the vector, projected) and user_sid (the vector, quantized) are told about the user
+    (`study/user_signal.py` builds each source; docs/study.md explains them)."""
+
+    # als: a fold-in of the user's interactions (today's); features: the dataset's user features (one-hot and
+    # standardized); embeddings: the dataset's user-embedding table (as_of honoured); sasrec: the user state of a
+    # SASRec over the interactions, cross-fitted like the ALS folds
+    source: Literal["als", "features", "embeddings", "sasrec"] = "als"
+    # the interactions a vector is computed from: older = those before the items the prompt shows; all = every
+    # one before the prompt (what a production recommender's vector would have seen)
+    history: Literal["older", "all"] = "older"
+    # als only: test/validation vectors from the fold model that never saw the user (folds, like the training
+    # windows') or from the full-train ALS (full: the earlier behaviour, a train/test mismatch)
+    als_test_vectors: Literal["folds", "full"] = "folds"
+    max_categories: int = Field(32, ge=1)  # features: values kept per categorical feature (the rest: "other")
+    sasrec_folds: int = Field(3, ge=2)  # sasrec: fold models (fold k never saw a fold-k user)
+    sasrec_lr: float | None = Field(None, gt=0)  # sasrec: None = the first of evaluation.sasrec_lr_grid
 
 
 class ModelConfig(Section):
@@ -410,6 +429,7 @@ class StudyConfig(Section):
     embeddings: EmbeddingsConfig = EmbeddingsConfig()
     semantic_ids: SemanticIdConfig = SemanticIdConfig()
     user_sids: UserSidConfig = UserSidConfig()
+    user_signal: UserSignalConfig = UserSignalConfig()
     model: ModelConfig = ModelConfig()
     training: TrainingConfig = TrainingConfig()
     methods: MethodsConfig = MethodsConfig()

@@ -35,12 +35,17 @@ class Split:
     n_items: int
     max_history: int | None
 
-    def train_sequences(self) -> list[np.ndarray]:
-        """Per user (index = user id), the train items in time order (already truncated)."""
+    def train_sequences(self, column: str = names.ITEM) -> list[np.ndarray]:
+        """Per user (index = user id), the train items in time order (already truncated); `column`: another
+        column of the same rows (`train_times`)."""
         users = self.train[names.USER].to_numpy()
-        items = self.train[names.ITEM].to_numpy()
+        values = self.train[column].to_numpy()
         bounds = np.searchsorted(users, np.arange(self.n_users + 1))
-        return [items[bounds[u] : bounds[u + 1]] for u in range(self.n_users)]
+        return [values[bounds[u] : bounds[u + 1]] for u in range(self.n_users)]
+
+    def train_times(self) -> list[np.ndarray]:
+        """Per user, the timestamps (int seconds) of `train_sequences()`, element for element."""
+        return [t.astype(np.int64) for t in self.train_sequences(names.TIMESTAMP)]
 
     def valid_items(self) -> np.ndarray:
         return self._per_user(self.valid)
@@ -48,9 +53,15 @@ class Split:
     def test_items(self) -> np.ndarray:
         return self._per_user(self.test)
 
-    def _per_user(self, df: pd.DataFrame) -> np.ndarray:
+    def valid_times(self) -> np.ndarray:
+        return self._per_user(self.valid, names.TIMESTAMP)
+
+    def test_times(self) -> np.ndarray:
+        return self._per_user(self.test, names.TIMESTAMP)
+
+    def _per_user(self, df: pd.DataFrame, column: str = names.ITEM) -> np.ndarray:
         out = np.full(self.n_users, -1, dtype=np.int64)
-        out[df[names.USER].to_numpy()] = df[names.ITEM].to_numpy()
+        out[df[names.USER].to_numpy()] = df[column].to_numpy()
         return out
 
     def stats(self) -> dict[str, float]:

@@ -128,6 +128,16 @@ def _pad_left(seqs: Sequence[Sequence[int]], L: int) -> np.ndarray:
 
 def sasrec_scores(model, histories: Sequence[Sequence[int]], max_len: int, batch: int = 256) -> np.ndarray:
     """[n_users, n_items] next-item logits after each history."""
+    return _after(model, histories, max_len, batch, model.logits)
+
+
+def sasrec_states(model, histories: Sequence[Sequence[int]], max_len: int, batch: int = 256) -> np.ndarray:
+    """[n, hidden] the user state after each history (its last `max_len` items): the last position's hidden
+    state, which the next-item logits are read from (the `sasrec` user-signal source)."""
+    return _after(model, histories, max_len, batch, lambda h: h)
+
+
+def _after(model, histories, max_len: int, batch: int, head) -> np.ndarray:
     import torch
 
     model.eval()
@@ -135,7 +145,7 @@ def sasrec_scores(model, histories: Sequence[Sequence[int]], max_len: int, batch
     with torch.no_grad():
         for s in range(0, len(histories), batch):
             x = torch.from_numpy(_pad_left(histories[s : s + batch], max_len))
-            out.append(model.logits(model(x)[:, -1]).numpy())
+            out.append(head(model(x)[:, -1]).numpy())
     return np.concatenate(out) if out else np.zeros((0, 0))
 
 

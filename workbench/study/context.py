@@ -52,6 +52,8 @@ class StageContext:
     user_quantizer: Any = None  # quantize.RQKMeans | RQVAE over ALS user vectors
     user_codes: np.ndarray | None = None  # [n_users, user levels] from the full train history
     catalog: Any = None  # semantic_ids.Catalog with base_vocab_size 0 (use catalog_for(base) for a model)
+    # the user signal (study/user_signal.py): a prompts.UserEncoder over `user_signal.source`, or None
+    user_signal: Any = None
     # bookkeeping
     keys: dict[str, str] = field(default_factory=dict)  # stage -> cache key
     cache_hits: dict[str, bool] = field(default_factory=dict)

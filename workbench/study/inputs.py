@@ -42,21 +42,22 @@ class StudyInputs:
     # what the dataset supplies about users (None where it supplies nothing), for the user-signal sources:
     user_features: Any = None  # pandas DataFrame, row u = user u: `user` + one column per feature
     user_embeddings: Any = None  # data.user_embeddings.UserEmbeddings: `.before(users, last_ts)` honours `as_of`
+    signal_key: str | None = None  # the user signal's key (study/user_signal.py): in the readers' train keys only
 
 
 def inputs_from_context(ctx) -> StudyInputs:
     from workbench.sids.embeddings import item_texts
-    from workbench.study.prompts import Interactions, UserEncoder
+    from workbench.study.prompts import Interactions
 
     split = ctx.split
-    inter = Interactions(split.train_sequences(), split.valid_items(), split.test_items(), split.n_items)
-    enc = UserEncoder(vectors=ctx.user_vectors_as_of, dim=int(ctx.als.factors), codes=ctx.user_quantizer.encode,
-                      train_vectors=ctx.als_folds.vectors_as_of)
+    inter = Interactions(split.train_sequences(), split.valid_items(), split.test_items(), split.n_items,
+                         split.train_times(), split.valid_times(), split.test_times())
     return StudyInputs(
-        interactions=inter, item_texts=item_texts(ctx.dataset.items), encoder=enc, item_codes=ctx.item_codes,
+        interactions=inter, item_texts=item_texts(ctx.dataset.items), encoder=ctx.user_signal, item_codes=ctx.item_codes,
         item_codebooks=tuple(ctx.item_codebooks), dedup_size=int(ctx.dedup_size),
         user_codebooks=tuple(ctx.user_codebooks), sid_version=ctx.sid_version, upstream_key=ctx.keys["semantic_ids"],
         als=ctx.als, user_features=ctx.dataset.user_features, user_embeddings=_user_embeddings(ctx.dataset),
+        signal_key=ctx.keys.get("user_signal"),
     )
 
 
@@ -71,12 +72,17 @@ def _user_embeddings(dataset):
 
 def train_key(cfg, inp: StudyInputs, method: str, lr: float, seed: int) -> str:
     """One trained model's cache key: the model and training config (not the seed and LR lists, threads, workers or
-    save interval), the methods' window sizes, this method, LR and seed, and the semantic-IDs stage's key."""
+    save interval), the methods' window sizes, this method, LR and seed, and the semantic-IDs stage's key; for a
+    method that reads a user signal, the signal's key too (so a method without one, such as `none`, is trained once
+    for every `user_signal` source)."""
     tr = cfg.training.model_dump(mode="json")
     for k in ("seeds", "lr_grid", "num_threads", "workers", "save_every_s"):  # threads: rounding only; others: none
         tr.pop(k)
     meth = {"recent_k": cfg.methods.recent_k, "long_m": cfg.methods.long_m}
-    return section_hash("train", CACHE_FORMAT, cfg.model, tr, meth, method, float(lr), int(seed), inp.upstream_key)
+    parts = [cfg.model, tr, meth, method, float(lr), int(seed), inp.upstream_key]
+    if methods.get(method).reads_signal:
+        parts.append(inp.signal_key)
+    return section_hash("train", CACHE_FORMAT, *parts)
 
 
 def train_entry(cfg, inp: StudyInputs, method: str, seed: int, lr: float) -> tuple[Path, dict | None]:

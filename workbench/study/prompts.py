@@ -16,13 +16,15 @@ These are the views the full-sequence training windows give their last target (`
 SID history is a plain stream in which each SID follows the previous one, so a SID prompt needs no
 end marker. A method's user signal is one of three kinds (`methods.SIGNALS`): none; user SIDs `U`, the
 user-SID tokens of the user's vector; or the vector itself, which replaces the `<|user|>` embedding
-(projected: Embedding-to-Prefix). Both are folded in from the history *before* the items the prompt shows
-(`signal_history`), as in training. When a text history would exceed `max_prompt_tokens`, whole items are
-dropped from its oldest end.
+(projected: Embedding-to-Prefix). The vector comes from the study's user-signal source (`user_signal.source`:
+an ALS fold-in, the dataset's user features or user embeddings, a SASRec's user state; `study/user_signal.py`),
+computed from the history *before* the items the prompt shows (`user_signal.history: older`, the default) or from
+the whole history before the prompt (`all`): `signal_cut`. When a text history would exceed `max_prompt_tokens`,
+whole items are dropped from its oldest end.
 
 Leakage rule: an example whose target is position t of a user's sequence sees only items before t,
-in the prompt and in the user vector (fold-in, item factors fixed). Validation sees the train
-sequence; test sees train + valid. The `seen` items of an example (everything before t) are the
+in the prompt and in the user vector (computed from items before t only, by a model that never saw this
+user where the source is learned from interactions). Validation sees the train sequence; test sees train + valid. The `seen` items of an example (everything before t) are the
 ones evaluation bans in the trie for every method and baseline.
 """
 
@@ -39,22 +41,46 @@ from workbench.study import methods
 from workbench.study.methods import PromptError
 
 SIGNAL_VARIANTS = ("own", "shuffled", "zeroed")  # what evaluation feeds a method that reads a user signal
+HISTORIES = ("older", "all")  # which interactions a user vector is computed from (`user_signal.history`)
 
 
 @dataclass
 class UserEncoder:
-    """User vectors "as of" an item list (fold-in) and their user-SID codes.
+    """User vectors "as of" a point of each user's history (a user-signal source, `study/user_signal.py`) and
+    their user-SID codes.
 
-    `vectors(item_lists) -> [n, dim]` must use only the items given (serving: the full-train ALS);
-    `codes(vectors) -> [n, levels]` is the user quantizer's encode (None when there are no user
-    SIDs); `train_vectors(user, seq, cuts) -> [len(cuts), dim]` folds `seq[:c]` in with item
-    factors that never saw this user (the ALS fold models), for training windows.
+    `vectors(users, item_lists, as_of) -> [n, dim]`: user `users[i]`'s vector from the interactions `item_lists[i]`
+    only, `as_of[i]` being the timestamp of the last of them (-1: none, or not known), for a source that looks
+    vectors up by time; `codes(vectors) -> [n, levels]` is the user quantizer's encode (None when there are no
+    user SIDs); `train_vectors(user, seq, cuts) -> [len(cuts), dim]`: the training windows' vectors as of
+    `seq[:c]` (seq: the user's train sequence), from models that never saw this user where the source is
+    learned from interactions (the ALS / SASRec fold models); `history`: which interactions they read
+    (`signal_cut`, `window_signal_cut`).
     """
 
-    vectors: Callable[[Sequence[Sequence[int]]], np.ndarray]
+    vectors: Callable[[np.ndarray, Sequence[Sequence[int]], np.ndarray], np.ndarray]
     dim: int
     codes: Callable[[np.ndarray], np.ndarray] | None = None
     train_vectors: Callable[[int, np.ndarray, np.ndarray], np.ndarray] | None = None
+    history: str = "older"
+
+    def __post_init__(self):
+        if self.history not in HISTORIES:
+            raise ValueError(f"UserEncoder.history must be one of {HISTORIES}, got {self.history!r}")
+
+
+def signal_cut(n: int, shown: int, history: str = "older") -> int:
+    """How many of a prompt's n history items (oldest first) its user vector is computed from: `older`, those
+    before the `shown` items the prompt shows; `all`, every one (everything before the prompt)."""
+    return max(0, n - shown) if history == "older" else n
+
+
+def window_signal_cut(start: int, history: str = "older") -> int:
+    """How many items of a user's train sequence a training window over seq[start:] reads its user vector from:
+    `older`, seq[:start] (before w_0, as a prompt's older part ends before the items it shows); `all`,
+    seq[:start + 1] (up to w_0: everything before the window's first target). Never a target of the window
+    (w_1 ..). With `all` a window's later targets see a vector a few items older than a prompt would."""
+    return start if history == "older" else start + 1
 
 
 @dataclass
@@ -65,6 +91,10 @@ class Interactions:
     valid: np.ndarray  # [n_users] item index
     test: np.ndarray  # [n_users] item index
     n_items: int
+    # timestamps (int seconds) of the same interactions, for sources that look vectors up by time (None: unknown)
+    train_times: list[np.ndarray] | None = None
+    valid_times: np.ndarray | None = None
+    test_times: np.ndarray | None = None
 
     @property
     def n_users(self) -> int:
@@ -191,10 +221,11 @@ class PromptBuilder:
         zeros = np.zeros((1, len(self.layout.user_codebooks)), dtype=np.int64)
         return self.layout.user_codes_to_ids(zeros)[0].tolist()
 
-    def signal_history(self, history: Sequence[int]) -> list[int]:
-        """The items the user signal is folded in from: everything before the items the prompt shows."""
+    def signal_history(self, history: Sequence[int], mode: str = "older") -> list[int]:
+        """The items the user signal is computed from (`signal_cut`): with `older`, everything before the items the
+        prompt shows; with `all`, the whole history."""
         history = list(history)
-        return history[: max(0, len(history) - self.context_items)]
+        return history[: signal_cut(len(history), self.context_items, mode)]
 
     def build(self, history: Sequence[int], signal=None) -> tuple[list[int], int | None]:
         """(token ids, placeholder position or None) for a history (oldest first) and the method's signal
@@ -209,16 +240,22 @@ class PromptBuilder:
 
 
 def user_signals(builder: PromptBuilder, encoder: UserEncoder | None, vectors: np.ndarray | None = None,
-                 histories: Sequence[Sequence[int]] | None = None):
+                 histories: Sequence[Sequence[int]] | None = None, users: Sequence[int] | None = None,
+                 times: Sequence[Sequence[int]] | None = None):
     """The user signal of each example for the builder's method: None (no signal), the vectors [n, dim], or
-    the user-SID token ids [n, levels]. `vectors` as given, else folded in from each history's `signal_history`."""
+    the user-SID token ids [n, levels]. `vectors` as given, else computed by the encoder for each user from its
+    history's `signal_history` (`times`: the history's timestamps, element for element, where known)."""
     spec = builder.spec
     if not spec.reads_signal:
         return None
     if vectors is None:
         if encoder is None:
-            raise PromptError(f"{builder.method} needs a UserEncoder (ALS fold-in) to compute user vectors")
-        vectors = encoder.vectors([builder.signal_history(h) for h in histories])
+            raise PromptError(f"{builder.method} needs a UserEncoder (the user-signal source) to compute user vectors")
+        cuts = [signal_cut(len(h), builder.context_items, encoder.history) for h in histories]
+        as_of = np.array([int(t[c - 1]) if t is not None and c > 0 else -1
+                          for t, c in zip(times if times is not None else [None] * len(cuts), cuts)], dtype=np.int64)
+        users = np.full(len(cuts), -1, dtype=np.int64) if users is None else np.asarray(users, dtype=np.int64)
+        vectors = encoder.vectors(users, [list(h)[:c] for h, c in zip(histories, cuts)], as_of)
     vectors = np.asarray(vectors, dtype=np.float32)
     if spec.signal == methods.VECTOR:
         return vectors
@@ -233,10 +270,11 @@ def build_prompts(
     histories: Sequence[Sequence[int]],
     targets: Sequence[int],
     encoder: UserEncoder | None = None,
+    times: Sequence[Sequence[int]] | None = None,
 ) -> PromptSet:
-    """Prompts for (user, history, target) triples; the user signal is folded in from the part of each
-    history before the items its prompt shows (`PromptBuilder.signal_history`)."""
-    signals = user_signals(builder, encoder, histories=histories)
+    """Prompts for (user, history, target) triples; the user signal is computed from the part of each history
+    `encoder.history` names (`signal_cut`); `times`: each history's timestamps, where known."""
+    signals = user_signals(builder, encoder, histories=histories, users=users, times=times)
     prompts, pos = [], []
     for i, h in enumerate(histories):
         ids, p = builder.build(h, None if signals is None else signals[i])
@@ -266,13 +304,17 @@ def eval_examples(
     if split not in ("valid", "test"):
         raise ValueError(f"split must be 'valid' or 'test', got {split!r}")
     users = list(range(data.n_users)) if users is None else [int(u) for u in users]
+    timed = data.train_times is not None
+    times = None
     if split == "valid":
         hists = [data.train[u] for u in users]
         targets = [int(data.valid[u]) for u in users]
+        times = [data.train_times[u] for u in users] if timed else None
     else:
         hists = [np.r_[data.train[u], data.valid[u]].astype(np.int64) for u in users]
         targets = [int(data.test[u]) for u in users]
-    return build_prompts(builder, users, hists, targets, encoder)
+        times = [np.r_[data.train_times[u], data.valid_times[u]].astype(np.int64) for u in users] if timed else None
+    return build_prompts(builder, users, hists, targets, encoder, times)
 
 
 def tokenize_item_texts(tokenizer, texts: Sequence[str]) -> list[list[int]]:

@@ -21,11 +21,12 @@ by its SID. In text_history each `[<|next|> S(w_j)]` block is seen only by itsel
 scoring mask, used for training) and takes the positions it would have at the end of its own prompt
 (`methods/text_history.py`); a window whose longest view would not fit the model is cut shorter.
 
-The user signal (whichever kind the method reads: user_sid's U, the soft token's vector) is folded in
-from the items *before* w_0 only, with item factors that never saw this user (`UserEncoder.train_vectors`,
-the ALS fold models): no supervised target is among the interactions that produced it. At evaluation it
-is folded in from the items before the c context items, so training and evaluation read the same kind
-of signal.
+The user signal (whichever kind the method reads: user_sid's U, the soft token's vector) is computed from
+the items *before* w_0 only (`user_signal.history: older`; with `all`, up to and including w_0:
+`prompts.window_signal_cut`), by the source's models that never saw this user (`UserEncoder.train_vectors`:
+the ALS or SASRec fold models; static features need none): no supervised target is among the interactions
+that produced it. At evaluation it is computed from the items before the c context items (older) or from the
+whole history (all), so training and evaluation read the same kind of signal.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from typing import Sequence
 import numpy as np
 
 from workbench.study import methods
-from workbench.study.prompts import PromptBuilder, PromptError, UserEncoder, user_signals
+from workbench.study.prompts import PromptBuilder, PromptError, UserEncoder, user_signals, window_signal_cut
 
 
 def context_items(method: str, recent_k: int, long_m: int) -> int:
@@ -173,8 +174,8 @@ class WindowBuilder:
         if not self.spec.reads_signal:
             return [None] * len(spans)
         if encoder is None or encoder.train_vectors is None:
-            raise PromptError(f"{self.method} windows need a UserEncoder with leak-free train_vectors (ALS folds)")
-        cuts = np.array([s for s, _ in spans], dtype=np.int64)
+            raise PromptError(f"{self.method} windows need a UserEncoder with leak-free train_vectors (fold models)")
+        cuts = np.array([window_signal_cut(s, encoder.history) for s, _ in spans], dtype=np.int64)
         vecs = encoder.train_vectors(user, seq, cuts)  # [n_windows, dim]
         return list(user_signals(self.p, encoder, vectors=vecs))
 

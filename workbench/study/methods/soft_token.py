@@ -3,8 +3,9 @@
     <|user|> <|hist|> S(h[-k]) ... S(h[-1])      (placeholder at position 0)
 
 The engine replaces the placeholder's embedding with `projector(user vector)` (Embedding-to-Prefix); the
-projector trains with the backbone (train.py) and ships in the checkpoint. The vector is folded in from the
-history before the k items the prompt shows, like user_sid's codes.
+projector trains with the backbone (train.py) and ships in the checkpoint. The vector comes from
+`user_signal.source` (study/user_signal.py), computed from the history before the k items the prompt shows (or the
+whole history, `user_signal.history: all`), like user_sid's codes.
 """
 
 from __future__ import annotations

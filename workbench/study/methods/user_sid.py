@@ -2,8 +2,10 @@
 
     <|usid|> U <|hist|> S(h[-k]) ... S(h[-1])
 
-U is folded in from the history before the k items the prompt shows (prompts.py: `signal_history`; in training
-from the items before the window, windows.py), so no target is among the interactions that produced it.
+The user vector comes from `user_signal.source` (study/user_signal.py), computed from the history before the k
+items the prompt shows (prompts.py: `signal_cut`; `user_signal.history: all`, the whole history; in training from the
+items before the window, windows.py), so no target is among the interactions that produced it; U are its codes
+under the user quantizer fitted on that source's vectors.
 """
 
 from __future__ import annotations

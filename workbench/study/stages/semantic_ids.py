@@ -1,5 +1,6 @@
 """The semantic-IDs stage: the item quantizer(s) (`semantic_ids.kind` first, then `also_fit`) with the dedup
-digit, the user quantizer over the ALS user vectors, the Catalog, and their figures.
+digit, the user quantizer over the ALS user vectors, the Catalog, and their figures; then the study's user signal
+(`study/user_signal.py`: the source soft_token and user_sid read, with its own user quantizer where it needs one).
 
 Cached in `data/cache/semantic_ids/<key>/`, keyed by the `semantic_ids` and `user_sids` sections, the seed and the
 embeddings stage's key; its key is the `sid_version` every checkpoint trained on these SIDs carries.
@@ -118,6 +119,9 @@ def stage_semantic_ids(ctx: StageContext) -> None:
         + f"; collision rate {main.stats['collision_rate']:.3f}; largest group {main.stats['max_prefix_group']}"
         + f"; dedup size {ctx.dedup_size}; user SIDs shared by {user_shared:.1%} of users"
     )
+    from workbench.study.user_signal import build_user_signal
+
+    build_user_signal(ctx)  # its own cache entries: the source never changes this stage's key (sid_version)
 
 
 def _log_sid_figures(ctx: StageContext, results: dict, user_stats: dict) -> None:
