@@ -9,7 +9,8 @@ each feature its method needs ran; with an SLO no rate can hold, every cell is c
 labelled; the parent run holds matrix.csv and its three figures; the report's matrix section draws them.
 
 Fault injection (by hand): the agreement computed against the cell itself instead of the reference -> the
-dropping engine agrees 100% and the test fails; `required_features` without the soft token -> the soft_token
+dropping engine agrees 100% and the test fails; compare_beams given the reference twice -> no user beyond the
+bound for the dropping engine, fails; `required_features` without the soft token -> the soft_token
 cell's marks miss `soft_token_beam_search`, fails.
 """
 
@@ -90,10 +91,15 @@ def test_matrix_cells_carry_quality_agreement_marks_and_serial_cost(trained_stud
     for method in ("none", "soft_token"):
         ref, drops = cells[(method, "torch")], cells[(method, "drops")]
         assert ref.matrix[names.MATRIX_AGREE] == 1.0 and ref.matrix[names.MATRIX_MAX_CHANGE] == 0.0
+        assert ref.matrix[names.MATRIX_BEYOND_BOUND] == 0 and ref.matrix[names.MATRIX_MAX_LOGPROB_DIFF] == 0.0
+        # hf computes the same model another way: whatever differs is within the rounding bound
+        hf = cells[(method, "hf")].matrix
+        assert hf[names.MATRIX_BEYOND_BOUND] == 0 and hf[names.MATRIX_MAX_LOGPROB_DIFF] <= hf[names.MATRIX_BOUND]
         # the dropping engine is caught: the sample is its first 24 requests, and every third lost its best item
         # (beams are distinct SIDs, hence distinct items: each such top-10 list differs)
         assert drops.matrix[names.MATRIX_AGREE] == pytest.approx(1.0 - (USERS // 3) / USERS)
         assert drops.matrix[names.MATRIX_MAX_CHANGE] >= 0.0
+        assert drops.matrix[names.MATRIX_BEYOND_BOUND] == USERS // 3  # a lost beam is no tie
 
     table = matrix_table(res.summary())
     assert len(table) == 6 and set(table["cost_basis"]) == {"serial capacity (no rate within SLO)"}

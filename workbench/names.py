@@ -120,6 +120,9 @@ MATRIX_NDCG_HI = "matrix/ndcg_at_10_hi"
 MATRIX_RECALL = "matrix/recall_at_10"
 MATRIX_AGREE = "matrix/identical_top10_share"
 MATRIX_MAX_CHANGE = "matrix/max_user_ndcg_at_10_change"
+MATRIX_BEYOND_BOUND = "matrix/users_differing_beyond_bound"  # differing lists a broken tie does not explain
+MATRIX_MAX_LOGPROB_DIFF = "matrix/max_beam_logprob_diff"  # rank by rank, vs the torch cell's beams
+MATRIX_BOUND = "matrix/logprob_bound"  # the rounding bound of the cell's dtype (engines/numerics.py)
 TAG_FEATURES = "workbench.features"  # the features a cell's method needs and how they ran: "f=native; g=emulated"
 
 # ---- run tags ---------------------------------------------------------------------------------

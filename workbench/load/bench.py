@@ -296,14 +296,15 @@ async def _run_engine(entry: EngineEntry, checkpoint: Path, workload, settings, 
 
                 metrics, child.features = await run_cell(engine, caps, checkpoint, load,
                                                          study.test_prompts(checkpoint), entry.name == "torch",
-                                                         references)
+                                                         references, entry.dtype)
                 child.matrix.update(metrics)
                 handle.log_metrics(metrics)
                 handle.set_tags({names.TAG_FEATURES: child.features})
                 print(f"[bench] {child.series} / {child.method}: quality sample NDCG@10 "
                       f"{metrics[names.MATRIX_NDCG]:.4f} [{metrics[names.MATRIX_NDCG_LO]:.4f}, "
                       f"{metrics[names.MATRIX_NDCG_HI]:.4f}] on {metrics[names.MATRIX_USERS]:.0f} users; identical "
-                      f"top-10 vs torch {metrics.get(names.MATRIX_AGREE, float('nan')):.1%}; {child.features}",
+                      f"top-10 vs torch {metrics.get(names.MATRIX_AGREE, float('nan')):.1%} (differing beyond the "
+                      f"rounding bound: {metrics.get(names.MATRIX_BEYOND_BOUND, float('nan')):.0f}); {child.features}",
                       file=sys.stderr)  # fmt: skip
             return await _measure(engine, workload, settings, slo, child, handle)
         finally:

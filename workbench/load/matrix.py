@@ -13,6 +13,11 @@ seen-banned beam search as evaluation, and gives the cell:
   (the engine the study's quality comes from): the share of users whose top-10 list is identical, and the
   largest per-user change of NDCG@10. A cell that runs the same computation (native or emulated) should agree
   on every list but a near-tie's; a dropped beam, a lost constraint or a mangled soft token shows here;
+- whether a list that differs is a near-tie: each user's beams are compared with the reference's by the parity
+  rule (`engines/parity.compare_beams`: rank by rank, a beam the other lacks must tie) within the rounding bound
+  two correct evaluations of this checkpoint may show (`engines/numerics.logprob_bound`, its largest logit read
+  off the sample's prompts with an in-process torch engine, in the cell's dtype). A list that differs within the
+  bound is a tie broken the other way; `beyond bound` counts the users where the scores themselves disagree;
 - how each feature the method needs ran on that engine (`required_features`): native / emulated /
   unsupported, with the engine's reason;
 - where no offered rate held the SLO: the engine's serial capacity (1 / unloaded p50), the cost at that
@@ -40,7 +45,9 @@ REFERENCE_ENGINE = "torch"  # the engine the study's quality is measured through
 COLUMNS = {names.MATRIX_USERS: "quality_users", names.MATRIX_NDCG: "ndcg10", names.MATRIX_NDCG_LO: "ndcg10_lo",
            names.MATRIX_NDCG_HI: "ndcg10_hi", names.MATRIX_RECALL: "recall10", names.MATRIX_AGREE: "agree_top10",
            names.MATRIX_MAX_CHANGE: "max_ndcg10_change", names.SERIAL_QPS: "serial_qps",
-           names.COST_PER_1M_SERIAL: "usd_per_1m_serial", names.BEST_P99: "best_p99_ms"}
+           names.COST_PER_1M_SERIAL: "usd_per_1m_serial", names.BEST_P99: "best_p99_ms",
+           names.MATRIX_BEYOND_BOUND: "beyond_bound", names.MATRIX_MAX_LOGPROB_DIFF: "max_logprob_diff",
+           names.MATRIX_BOUND: "logprob_bound"}
 
 
 @dataclass
@@ -51,6 +58,8 @@ class CellQuality:
     lists: list[list[int]]  # top-K item lists, best first
     per_user_ndcg: np.ndarray  # [n]
     metrics: dict[str, float] = field(default_factory=dict)
+    beams: list[list] = field(default_factory=list)  # per user, the engine's beams (token ids, cum log-prob), best first
+    prompts: list = field(default_factory=list)  # the engine prompts sent (for the rounding bound)
 
 
 def sample(n_prompts: int, n: int, seed: int) -> np.ndarray:
@@ -96,11 +105,28 @@ async def rank_sample(engine, prompts, checkpoint, load, batch: int = 8) -> Cell
     iv = mean_interval([ndcg], seed=load.seed)
     metrics = {names.MATRIX_USERS: float(len(sub)), names.MATRIX_NDCG: float(ndcg.mean()),
                names.MATRIX_NDCG_LO: iv.lo, names.MATRIX_NDCG_HI: iv.hi, names.MATRIX_RECALL: float(recall.mean())}
-    return CellQuality(sub.users, lists, ndcg, metrics)
+    return CellQuality(sub.users, lists, ndcg, metrics, [r.beams for r in results], [r.prompt for r in reqs])
 
 
-async def run_cell(engine, caps, checkpoint, load, prompts, is_reference: bool, references: dict
-                   ) -> tuple[dict, str]:
+def rounding_bound(checkpoint, cell: CellQuality, steps: int, dtype: str) -> float:
+    """The largest difference two correct evaluations of a `steps`-token cumulative log-prob may show on the cell's
+    prompts (`numerics.logprob_bound`; the largest logit read with an in-process torch engine in float32)."""
+    from workbench.engines.numerics import logprob_bound
+    from workbench.engines.registry import create_engine
+    from workbench.sync import run_sync
+
+    engine = create_engine("torch", checkpoint=str(checkpoint), dtype="float32")
+    try:
+        z = max(float(engine.prompt_logits(p).float().abs().max()) for p in cell.prompts)
+        config = engine.checkpoint.model.config
+    finally:
+        run_sync(engine.close())
+    kv_len = max(len(p.token_ids) for p in cell.prompts) + int(steps)
+    return logprob_bound(config, kv_len, steps, z, dtype)
+
+
+async def run_cell(engine, caps, checkpoint, load, prompts, is_reference: bool, references: dict,
+                   dtype: str = "float32") -> tuple[dict, str]:
     """One cell's quality sample, its agreement with the reference cell of the same checkpoint (measured first:
     the sweep orders the reference engine first) and its feature marks: (metrics, the marks as one tag)."""
     marks = feature_marks(caps, required_features(prompts, load.constrained))
@@ -110,18 +136,36 @@ async def run_cell(engine, caps, checkpoint, load, prompts, is_reference: bool, 
         references[key] = cell
     metrics = dict(cell.metrics)
     if key in references:
-        metrics.update(agreement(cell, references[key]))
+        bkey = f"{key}#bound#{dtype}"  # once per checkpoint and dtype: every cell sends the same sample's prompts
+        if bkey not in references:
+            references[bkey] = rounding_bound(checkpoint, cell, load.max_new_tokens, dtype)
+        bound = references[bkey]
+        metrics.update(agreement(cell, references[key], bound))
     return metrics, "; ".join(f"{f}={m['status']}" for f, m in marks.items())
 
 
-def agreement(cell: CellQuality, reference: CellQuality) -> dict[str, float]:
-    """Identical top-K lists (share of users) and the largest per-user |change of NDCG@K| against the reference."""
+def agreement(cell: CellQuality, reference: CellQuality, bound: float = math.nan) -> dict[str, float]:
+    """Against the reference: identical top-K lists (share of users), the largest per-user |change of NDCG@K|, the
+    largest rank-by-rank |difference| of the beams' cumulative log-probs, and the users whose top-K differs and
+    whose beams fail the parity rule within `bound` (the ones a broken tie does not explain)."""
+    from workbench.engines.parity import compare_beams
+
     if not np.array_equal(cell.users, reference.users):
         raise ValueError("the agreement compares the same user sample; these cells ranked different users")
     same = np.array([a == b for a, b in zip(cell.lists, reference.lists)], dtype=bool)
-    return {names.MATRIX_AGREE: float(same.mean()) if len(same) else math.nan,
-            names.MATRIX_MAX_CHANGE: float(np.abs(cell.per_user_ndcg - reference.per_user_ndcg).max())
-            if len(same) else math.nan}
+    if not len(same):
+        return {names.MATRIX_AGREE: math.nan, names.MATRIX_MAX_CHANGE: math.nan}
+    beyond, diff = 0, 0.0
+    for i in np.flatnonzero(~same):
+        ok, d, _ = compare_beams(cell.beams[i], reference.beams[i], bound) if cell.beams else (False, math.inf, "")
+        beyond += not ok
+        diff = max(diff, d)
+    for i in np.flatnonzero(same):
+        if cell.beams and len(cell.beams[i]) == len(reference.beams[i]):
+            diff = max(diff, compare_beams(cell.beams[i], reference.beams[i], math.inf)[1])
+    return {names.MATRIX_AGREE: float(same.mean()),
+            names.MATRIX_MAX_CHANGE: float(np.abs(cell.per_user_ndcg - reference.per_user_ndcg).max()),
+            names.MATRIX_BEYOND_BOUND: float(beyond), names.MATRIX_MAX_LOGPROB_DIFF: diff, names.MATRIX_BOUND: bound}
 
 
 def serial_capacity(unloaded_p50_ms: float, usd_per_hour: float, points) -> dict[str, float]:
@@ -154,7 +198,9 @@ def matrix_table(summary) -> Any:
         rows.append({"method": r["method"], "series": r["series"], "engine": r["engine"], "mode": r.get("mode", ""),
                      "ndcg10": r.get("ndcg10", math.nan), "ndcg10_lo": r.get("ndcg10_lo", math.nan),
                      "ndcg10_hi": r.get("ndcg10_hi", math.nan), "recall10": r.get("recall10", math.nan),
-                     "agree_top10": r.get("agree_top10", math.nan),
+                     "agree_top10": r.get("agree_top10", math.nan), "beyond_bound": r.get("beyond_bound", math.nan),
+                     "max_logprob_diff": r.get("max_logprob_diff", math.nan),
+                     "logprob_bound": r.get("logprob_bound", math.nan),
                      "max_ndcg10_change": r.get("max_ndcg10_change", math.nan),
                      "unloaded_p50_ms": r.get("unloaded_p50_ms", math.nan), "best_p99_ms": r.get("best_p99_ms", math.nan),
                      "saturation_qps": r.get("saturation_qps", math.nan), "serial_qps": r.get("serial_qps", math.nan),

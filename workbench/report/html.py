@@ -542,12 +542,14 @@ def _matrix_html(study: Study, draw: _Figures) -> list[str]:
              "<p class='note'>Each cell: one trained method's checkpoint on one engine. Quality: NDCG@10 of a fixed "
              "sample of test users ranked through that engine (95% users-bootstrap interval; one trained seed), and "
              "the share of those users whose top-10 list is identical to the torch engine's on the same checkpoint "
-             "(the engine the study's quality comes from). Cost: $ per 1M requests at the saturation QPS, or, where no "
+             "(the engine the study's quality comes from), and how many of the lists that differ are not a near-tie broken the "
+             "other way (beams compared by the parity rule within the derived rounding bound). Cost: $ per 1M requests at the saturation QPS, or, where no "
              "offered rate held the SLO, at the engine's serial capacity (1 / unloaded p50), labelled. Features: how "
              "each feature the method needs ran on that engine (native / emulated / unsupported).</p>"]
     parts.append(draw(matrix_figures(table)))
     parts.append(_table(table, ["method", "series", "mode", "ndcg10", "ndcg10_lo", "ndcg10_hi", "recall10",
-                                "agree_top10", "max_ndcg10_change", "unloaded_p50_ms", "best_p99_ms",
+                                "agree_top10", "max_ndcg10_change", "beyond_bound", "max_logprob_diff",
+                                "logprob_bound", "unloaded_p50_ms", "best_p99_ms",
                                 "saturation_qps", "serial_qps", "usd_per_1m", "cost_basis", "features"]))
     return parts
 
