@@ -277,7 +277,10 @@ class EvaluationConfig(Section):
     bootstrap: int = Field(1000, ge=0)  # resamples of the seeds-then-users bootstrap (study/intervals.py)
     signal_ablation: bool = True  # also evaluate soft_token / user_sid with a shuffled and a zeroed user signal
     # baselines, tuned on validation NDCG@10 like the generative models' learning rate
-    sasrec_epochs: int = Field(30, ge=1)
+    sasrec_epochs: int = Field(30, ge=1)  # SASRec's most epochs
+    # SASRec stops after this many epochs without a better validation NDCG@10, its best epoch kept (None: every one
+    # of sasrec_epochs runs, the best epoch still kept); 5 is what SASRec always stopped after (its cache key kept)
+    sasrec_patience: int | None = Field(5, ge=1)
     sasrec_max_len: int | None = Field(None, ge=1)  # SASRec's history length (None: methods.long_m)
     sasrec_lr_grid: tuple[float, ...] = (1e-3, 3e-3)
     als_regularization_grid: tuple[float, ...] = (0.05, 1.0)  # the `als` ranker (factors: embeddings.als_factors)

@@ -68,6 +68,10 @@ VALID_RECALL10 = "valid/recall_at_10"
 VALID_NDCG10 = "valid/ndcg_at_10"
 BEST_VALID_RECALL10 = "train/best_valid_recall_at_10"
 BEST_VALID_NDCG10 = "train/best_valid_ndcg_at_10"
+# the epoch whose weights a training run kept (best validation NDCG@10; 1 = the first) and the epochs it ran before
+# it stopped (its patience or its most epochs): a best epoch equal to the epochs run says it was still improving
+BEST_EPOCH = "train/best_epoch"
+EPOCHS_RUN = "train/epochs_run"
 TRAIN_FLOPS = "train/flops"  # forward + backward, counted by model/flops.py (cumulative in curves)
 TRAIN_TOKENS_PER_S = "train/tokens_per_s"
 TRAIN_MATMUL_SHARE = "train/matmul_share"  # achieved FLOP/s over the measured matmul rate

@@ -5,7 +5,7 @@ report shows comes from, and only from:
 
 - the comparison table (`comparison_table.csv` on the parent, `study/compare.py`): means with
   seeds-then-users intervals, the paired differences vs none / als / ease / sasrec and vs the method's own
-  signal, per-seed NDCG@10, prompt tokens, training FLOPs, ms/request, SID validity;
+  signal, per-seed NDCG@10, prompt tokens, training FLOPs, ms/request, SID validity, best epoch and epochs run;
 - the same table per quartile of the test users' history length (`comparison_by_history.csv`,
   `study/slices.py`), where the run logged it;
 - the evaluation child runs (one per method x seed x signal, and the als / sasrec baselines): the
@@ -209,7 +209,7 @@ def _per_seed_row(k, label: str) -> dict | None:
         names.PROMPT_TOKENS_P95: m.get(names.PROMPT_TOKENS_P95, nan), names.TRAIN_FLOPS: m.get(names.TRAIN_FLOPS, nan),
         "train/wall_s": m.get("train/wall_s", nan), "latency/request_mean_ms": m.get("latency/request_mean_ms", nan),
         names.SID_VALIDITY: m.get(names.SID_VALIDITY, nan),
-        names.BEST_VALID_NDCG10: m.get(names.BEST_VALID_NDCG10, nan),
+        names.BEST_VALID_NDCG10: m.get(names.BEST_VALID_NDCG10, nan), names.BEST_EPOCH: m.get(names.BEST_EPOCH, nan),
         "lr": m.get("lr", nan), "run_id": k.info.run_id,
     }  # fmt: skip
 
@@ -347,6 +347,13 @@ def ablation_rows(sr: StudyRuns):
     return df.assign(_o=df["signal"].map(order)).sort_values(keys, kind="stable").drop(columns="_o")
 
 
+def _epochs(row) -> str:
+    """The epoch a trained row kept and the epochs it ran (means over seeds); "-" for a row that trained nothing or
+    a run from before they were logged."""
+    best, ran = row.get(names.BEST_EPOCH), row.get(names.EPOCHS_RUN)
+    return f"{best:.1f} / {ran:.1f}" if _isnum(best) and _isnum(ran) else "-"
+
+
 def cost_rows(sr: StudyRuns):
     """Prompt length and cost per method: what each method's quality costs to train and to serve."""
     t = sr.table
@@ -368,7 +375,8 @@ def cost_rows(sr: StudyRuns):
                     "train FLOPs": _fmt(r.get(names.TRAIN_FLOPS), "{:.3g}"),
                     "train wall s": _fmt(seed_mean("train/wall_s"), "{:.0f}"),
                     "ms/request": _fmt(r.get("latency/request_mean_ms"), "{:.1f}"),
-                    "SID validity": _fmt(r.get(names.SID_VALIDITY), "{:.3f}")})
+                    "SID validity": _fmt(r.get(names.SID_VALIDITY), "{:.3f}"),
+                    "best epoch / run": _epochs(r)})
         rows.append(row)
     return _frame(rows)
 
@@ -376,7 +384,8 @@ def cost_rows(sr: StudyRuns):
 PER_SEED_COLUMNS = {"study": "study", "method": "method", "seed": "seed", N10: "NDCG@10", R10: "Recall@10",
                     names.MRR: "MRR", names.COVERAGE: "coverage", names.PROMPT_TOKENS_MEAN: "prompt tokens",
                     names.TRAIN_FLOPS: "train FLOPs", "latency/request_mean_ms": "ms/request",
-                    names.SID_VALIDITY: "SID validity", names.BEST_VALID_NDCG10: "best valid NDCG@10", "lr": "lr"}
+                    names.SID_VALIDITY: "SID validity", names.BEST_VALID_NDCG10: "best valid NDCG@10",
+                    names.BEST_EPOCH: "best epoch", "lr": "lr"}
 
 
 def per_seed_rows(sr: StudyRuns):

@@ -17,6 +17,9 @@ from workbench import names
 
 REFERENCES = ("none", "als", "ease", "sasrec")  # what every row is compared with
 TABLE_METRICS = (names.recall_at(10), names.ndcg_at(10), names.MRR)
+# what a row cost, each the mean over its seeds (NaN where the row has none: a baseline has no prompt)
+EXTRA_COLUMNS = (names.PROMPT_TOKENS_MEAN, names.TRAIN_FLOPS, "latency/request_mean_ms", names.SID_VALIDITY,
+                 names.BEST_EPOCH, names.EPOCHS_RUN)
 
 
 @dataclass
@@ -54,7 +57,7 @@ def comparison_table(entries: dict[str, Entry], n_boot: int, seed: int):
             tag = "own" if "/" in name and ref == name.split("/")[0] else ref
             row[f"vs_{tag}/{n10}"], row[f"vs_{tag}/{n10}_lo"], row[f"vs_{tag}/{n10}_hi"] = iv.mean, iv.lo, iv.hi
         extras = list(e.extra.values())
-        for key in (names.PROMPT_TOKENS_MEAN, names.TRAIN_FLOPS, "latency/request_mean_ms", names.SID_VALIDITY):
+        for key in EXTRA_COLUMNS:
             vals = [x[key] for x in extras if key in x]
             row[key] = float(np.mean(vals)) if vals else float("nan")
         rows.append(row)

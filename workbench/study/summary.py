@@ -33,10 +33,16 @@ def _num(row, key: str, fmt: str) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
 
 
+def _epochs(row) -> str:
+    """The best epoch and the epochs run, means over seeds ("4.3 / 6.0"); "-" where the row trained nothing."""
+    best, ran = _num(row, names.BEST_EPOCH, "{:.1f}"), _num(row, names.EPOCHS_RUN, "{:.1f}")
+    return "-" if best == "-" else f"{best} / {ran}"
+
+
 def markdown_table(table) -> str:
     """The comparison as a markdown table (README-ready)."""
     cols = ["method", "seeds", "N@10 [95% CI]", "R@10", "MRR", "N@10 per seed", "vs none", "vs ALS", "vs EASE",
-            "vs SASRec", "vs own signal", "prompt tokens", "train FLOPs", "ms/request"]
+            "vs SASRec", "vs own signal", "prompt tokens", "train FLOPs", "ms/request", "best epoch / run"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for _, r in table.iterrows():
         r = r.to_dict()
@@ -44,7 +50,7 @@ def markdown_table(table) -> str:
                  f"{r[names.MRR]:.4f}", r.get("per_seed/" + N10, ""), _ci(r, f"vs_none/{N10}"), _ci(r, f"vs_als/{N10}"),
                  _ci(r, f"vs_ease/{N10}"), _ci(r, f"vs_sasrec/{N10}"), _ci(r, f"vs_own/{N10}"),
                  _num(r, names.PROMPT_TOKENS_MEAN, "{:.0f}"), _num(r, names.TRAIN_FLOPS, "{:.2e}"),
-                 _num(r, "latency/request_mean_ms", "{:.1f}")]
+                 _num(r, "latency/request_mean_ms", "{:.1f}"), _epochs(r)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

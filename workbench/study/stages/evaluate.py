@@ -76,7 +76,8 @@ def evaluate_stage(ctx) -> Any:
                 e = entries.setdefault(name, Entry(name))
                 e.per_seed[seed] = ev["per_user"]
                 e.extra[seed] = {**ev["metrics"], names.TRAIN_FLOPS: res.flops, "train/wall_s": res.wall_s,
-                                 names.BEST_VALID_NDCG10: res.best_valid_ndcg10, "lr": res.lr}
+                                 names.BEST_VALID_NDCG10: res.best_valid_ndcg10, "lr": res.lr,
+                                 names.BEST_EPOCH: float(res.best_epoch), names.EPOCHS_RUN: float(res.epochs_run)}
                 run.log_params({"lr": res.lr, "checkpoint": str(res.checkpoint), "test_users": len(users)})
                 run.log_metrics({k: v for k, v in e.extra[seed].items() if isinstance(v, (int, float))})
                 m = ev["metrics"]
@@ -123,8 +124,9 @@ def _baselines(ctx, inp, users: np.ndarray) -> dict[str, Entry]:
             hist = [np.r_[d.train[u], d.valid[u]] for u in users]
             q = Quality.from_lists("sasrec", users, targets, sasrec_rank(model, hist, seen, K, st.max_len), ks, d.n_items)
             out["sasrec"].per_seed[seed] = q.per_user
-            out["sasrec"].extra[seed] = {names.BEST_VALID_NDCG10: info["best_valid_ndcg10"], "lr": info["lr"]}
-            run.log_metrics(q.summary())
+            out["sasrec"].extra[seed] = {names.BEST_VALID_NDCG10: info["best_valid_ndcg10"], "lr": info["lr"],
+                                         **sasrec_epochs(info)}
+            run.log_metrics({**q.summary(), **sasrec_epochs(info)})
     say(f"  baselines done in {time.perf_counter() - t0:.0f}s")
     return out
 
@@ -184,7 +186,8 @@ def sasrec(cfg, inp: StudyInputs, seed: int, log_fn=None):
     ev = cfg.evaluation
     best = None
     for lr in ev.sasrec_lr_grid:
-        st = SasrecSettings(max_len=ev.sasrec_max_len or cfg.methods.long_m, epochs=ev.sasrec_epochs, seed=seed, lr=lr)
+        st = SasrecSettings(max_len=ev.sasrec_max_len or cfg.methods.long_m, epochs=ev.sasrec_epochs,
+                            patience=ev.sasrec_patience, seed=seed, lr=lr)
         key = section_hash("sasrec", CACHE_FORMAT, SASREC_FORMAT, st.__dict__, inp.upstream_key)
 
         def load(folder: Path, info: dict, st=st):
@@ -207,6 +210,11 @@ def sasrec(cfg, inp: StudyInputs, seed: int, log_fn=None):
     return best
 
 
+def sasrec_epochs(info: dict) -> dict[str, float]:
+    """A SASRec's best epoch (1 = the first, as the generative models count) and epochs run, from its cache info."""
+    return {names.BEST_EPOCH: float(info["best_epoch"] + 1), names.EPOCHS_RUN: float(len(info["history"]))}
+
+
 # ---- the trained models -----------------------------------------------------------------------
 def _eval_key(cfg, train_ckpt: Path, users: np.ndarray, rerank_cands, variant: str = "own") -> str:
     """Hashes everything an evaluation reads, including the re-rank candidates themselves (they come
@@ -222,7 +230,7 @@ def _eval_key(cfg, train_ckpt: Path, users: np.ndarray, rerank_cands, variant: s
         cands = h.hexdigest()
     # the baselines-only keys added after the key's layout are left out: a model's evaluation does not read
     # them, and a new one must not invalidate every cached evaluation
-    ev = cfg.evaluation.model_dump(mode="json", exclude={"ease_lambda_grid"})
+    ev = cfg.evaluation.model_dump(mode="json", exclude={"ease_lambda_grid", "sasrec_patience"})
     return section_hash("eval", CACHE_FORMAT, ev, str(train_ckpt), cfg.methods.recent_k,
                         cfg.methods.long_m, users.tolist(), cands, EVAL_ENGINE, EVAL_MODE, EVAL_DTYPE, variant)
 

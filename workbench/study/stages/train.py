@@ -274,7 +274,8 @@ def _trained_by_worker(cfg, inp: StudyInputs, method: str, seed: int, lr: float)
 
 def _log_train(run, res, hit: bool) -> None:
     run.log_metrics({names.BEST_VALID_NDCG10: res.best_valid_ndcg10,
-                     names.BEST_VALID_RECALL10: res.best_valid_recall10, "train/steps": res.steps,
+                     names.BEST_VALID_RECALL10: res.best_valid_recall10, names.BEST_EPOCH: res.best_epoch,
+                     names.EPOCHS_RUN: res.epochs_run, "train/steps": res.steps,
                      "train/tokens": res.train_tokens, names.TRAIN_FLOPS: res.flops,
                      "train/wall_s": res.wall_s, names.TRAIN_TOKENS_PER_S: res.tokens_per_s,
                      names.TRAIN_MATMUL_SHARE: res.matmul_share, "train/bf16": float(res.bf16)})
@@ -284,5 +285,5 @@ def _log_train(run, res, hit: bool) -> None:
 def _say_trained(job, res, hit: bool) -> None:
     method, seed, lr = job
     say(f"  {method} seed={seed} lr={lr:g}: valid NDCG@10 {res.best_valid_ndcg10:.4f} "
-         f"({res.epochs_run} epochs, {res.wall_s:.0f}s, {res.tokens_per_s:,.0f} tokens/s, "
+         f"(best epoch {res.best_epoch} of {res.epochs_run}, {res.wall_s:.0f}s, {res.tokens_per_s:,.0f} tokens/s, "
          f"{res.matmul_share:.0%} of the matmul rate{', bf16' if res.bf16 else ''}{', cached' if hit else ''})")
