@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench import names
-from workbench.names import BY_HISTORY, SLICE, SLICE_USERS
+from workbench.names import BY_HISTORY, SAME_CONTEXT, SLICE, SLICE_USERS
 
 N10, R10 = names.ndcg_at(10), names.recall_at(10)
 ABLATED_SIGNALS = ("own", "shuffled", "zeroed")
@@ -297,8 +297,17 @@ def quality_rows(sr: StudyRuns):
                     "NDCG@10 per seed": _seeds(r)})
         for ref, title in REFERENCES:
             row[f"ΔNDCG@10 {title}"] = _ci(r, f"vs_{ref}/{N10}", True)
+        row["ΔNDCG@10 vs none at its context"] = _same_context(r)
         rows.append(row)
     return _frame(rows)
+
+
+def _same_context(row) -> str:
+    """The difference vs `none` at the row's context and that row's name (`compare.SAME_CONTEXT`); "-" without one."""
+    ref = row.get(SAME_CONTEXT)
+    if not isinstance(ref, str) or not ref:
+        return "-"
+    return f"{_ci(row, f'vs_{SAME_CONTEXT}/{N10}', True)} vs {ref}"
 
 
 def slice_rows(sr: StudyRuns):
@@ -424,9 +433,11 @@ def figures(sr: StudyRuns) -> dict[str, Any]:
         abl = ablation_figure(sr)
         if abl is not None:
             figs["study: what the user signal carries"] = abl
-        pl = prompt_length_figure(sr)
-        if pl is not None:
-            figs["study: quality vs prompt length"] = pl
+        for x, title in ((names.PROMPT_TOKENS_MEAN, "study: quality vs prompt length"),
+                         ("latency/request_mean_ms", "study: quality vs ms/request")):
+            fig = context_figure(sr, x)
+            if fig is not None:
+                figs[title] = fig
     if sr.slices is not None and len(sr.slices):
         figs["study: NDCG@10 by history length"] = slice_figure(sr)
     if sr.curves is not None and len(sr.curves):
@@ -511,26 +522,12 @@ def ablation_figure(sr: StudyRuns):
     return fig
 
 
-def prompt_length_figure(sr: StudyRuns):
-    """NDCG@10 against mean prompt tokens; baselines (no prompt) as dotted lines."""
-    import plotly.graph_objects as go
+def context_figure(sr: StudyRuns, x: str):
+    """NDCG@10 against mean prompt tokens or ms/request: one line per method family across its contexts
+    (`study.summary.context_figure`, the figure the study logs; one set of lines per study); None without `x`."""
+    from workbench.study.summary import context_figure as lines
 
-    t = sr.table[~sr.table["method"].astype(str).str.contains("/")]
-    if names.PROMPT_TOKENS_MEAN not in t or not t[names.PROMPT_TOKENS_MEAN].notna().any():
-        return None
-    fig = go.Figure()
-    for study, g in t.groupby("study", sort=False):
-        gen = g[g[names.PROMPT_TOKENS_MEAN].notna()].sort_values(names.PROMPT_TOKENS_MEAN)
-        fig.add_scatter(x=gen[names.PROMPT_TOKENS_MEAN], y=gen[N10], mode="markers+text", text=gen["method"],
-                        textposition="top center", marker=dict(size=11), error_y=_err(gen, N10),
-                        name=str(study) if sr.multi else "methods")  # fmt: skip
-        if not sr.multi:
-            for _, r in g[g[names.PROMPT_TOKENS_MEAN].isna()].iterrows():
-                fig.add_hline(y=r[N10], line_dash="dot", line_color="gray", annotation_text=str(r["method"]))
-    fig.update_layout(title="Quality vs prompt length (baselines, without a prompt, dotted)",
-                      xaxis_title="prompt tokens (mean over test users)", yaxis_title="NDCG@10 (95% CI)",
-                      template="plotly_white")  # fmt: skip
-    return fig
+    return lines(sr.table, x, by="study" if sr.multi else None)
 
 
 def curve_figure(sr: StudyRuns, x: str, x_title: str, log_x: bool):

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from workbench import names
 from workbench.cache import read_done
 from workbench.config import section_hash
 from workbench.paths import cache_dir
@@ -71,12 +72,17 @@ def _user_embeddings(dataset):
 
 def train_key(cfg, inp: StudyInputs, method: str, lr: float, seed: int) -> str:
     """One trained model's cache key: the model and training config (not the seed and LR lists, threads, workers or
-    save interval), the methods' window sizes, this method, LR and seed, and the semantic-IDs stage's key."""
+    save interval), the methods' window sizes, this method, LR and seed, and the semantic-IDs stage's key. A context
+    variant (`none-k5`) has its method's key with its context added: the two differ by nothing else (and one at its
+    method's own context is the method: `methods.canonical`)."""
     tr = cfg.training.model_dump(mode="json")
     for k in ("seeds", "lr_grid", "num_threads", "workers", "save_every_s"):  # threads: rounding only; others: none
         tr.pop(k)
     meth = {"recent_k": cfg.methods.recent_k, "long_m": cfg.methods.long_m}
-    return section_hash("train", CACHE_FORMAT, cfg.model, tr, meth, method, float(lr), int(seed), inp.upstream_key)
+    base, items = names.split_context_variant(methods.canonical(method, cfg.methods.recent_k, cfg.methods.long_m))
+    context = () if items is None else ({"context": items},)
+    return section_hash("train", CACHE_FORMAT, cfg.model, tr, meth, base, float(lr), int(seed), inp.upstream_key,
+                        *context)
 
 
 def train_entry(cfg, inp: StudyInputs, method: str, seed: int, lr: float) -> tuple[Path, dict | None]:

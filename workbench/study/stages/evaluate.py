@@ -11,12 +11,14 @@ What is evaluated (all on `evaluation.test_users`, all test users by default, se
   history before the items their prompt shows (`PromptBuilder.signal_history`); `ease` (`study/ease.py`),
   its lambda picked on validation NDCG@10 from `evaluation.ease_lambda_grid`, B fitted on train, test
   users scored with train + valid; `sasrec`, one per training seed, its LR picked on validation NDCG@10;
-- every (method, seed) the train stage picked, through the torch engine (constrained beam search);
+- every (method, seed) the train stage picked, context variants (`none-k5`) included, through the torch
+  engine (constrained beam search);
 - with `evaluation.signal_ablation`, soft_token and user_sid again with the user signal shuffled
   across users and zeroed (`PromptSet.with_signal`): what the signal carries, measured.
 
-Every comparison (method vs none, vs als, vs ease, vs sasrec; a variant vs its own signal) is a
-seeds-then-users paired bootstrap (`compare.comparison_table`): its interval includes seed
+Every comparison (method vs none, vs als, vs ease, vs sasrec; vs none at the same context, where the study
+has it: `methods.contexts`, `methods/variants.py`; a variant vs its own signal) is a seeds-then-users paired
+bootstrap (`compare.comparison_table`): its interval includes seed
 variance. The per-seed values are kept in the table. The same table is also computed per quartile of
 the test users' history length (`slices.py`: each slice's intervals are the same bootstrap on its users).
 Results go to the stage's MLflow run and to the parent (tables CSV/markdown, figures; `summary.py`).
@@ -77,16 +79,19 @@ def evaluate_stage(ctx) -> Any:
                 e.per_seed[seed] = ev["per_user"]
                 e.extra[seed] = {**ev["metrics"], names.TRAIN_FLOPS: res.flops, "train/wall_s": res.wall_s,
                                  names.BEST_VALID_NDCG10: res.best_valid_ndcg10, "lr": res.lr,
-                                 names.BEST_EPOCH: float(res.best_epoch), names.EPOCHS_RUN: float(res.epochs_run)}
+                                 names.BEST_EPOCH: float(res.best_epoch), names.EPOCHS_RUN: float(res.epochs_run),
+                                 names.CONTEXT_ITEMS: float(methods.get(method).context_items(cfg.methods.recent_k,
+                                                                                              cfg.methods.long_m))}
                 run.log_params({"lr": res.lr, "checkpoint": str(res.checkpoint), "test_users": len(users)})
                 run.log_metrics({k: v for k, v in e.extra[seed].items() if isinstance(v, (int, float))})
                 m = ev["metrics"]
                 say(f"  {name} seed={seed}: NDCG@10 {m[names.ndcg_at(10)]:.4f} Recall@10 {m[names.recall_at(10)]:.4f} "
                      f"({time.perf_counter() - t0:.0f}s)")
-    table = comparison_table(entries, cfg.evaluation.bootstrap, cfg.seed)
+    same = methods.same_context_references(list(entries), cfg.methods.recent_k, cfg.methods.long_m)
+    table = comparison_table(entries, cfg.evaluation.bootstrap, cfg.seed, same)
     table.insert(1, "test_users", len(users))
     slices = history_quartiles([len(s) for s in seen_items(inp, users)])
-    by_history = sliced_table(entries, slices, cfg.evaluation.bootstrap, cfg.seed)
+    by_history = sliced_table(entries, slices, cfg.evaluation.bootstrap, cfg.seed, same)
     log_study(ctx, table, trained, by_history)
     say(format_table(table, cfg))
     say(format_slices(by_history))

@@ -1,6 +1,7 @@
 """The train stage (`train_stage(ctx)`): one model per (method, seed, learning rate), the LR picked on validation.
 
-For every method in `methods.run` and every seed in `training.seeds`, train one model per learning
+For every method in `methods.run` and every context variant of `methods.contexts` (`methods.study_methods`; a
+variant is its own model: `methods/variants.py`) and every seed in `training.seeds`, train one model per learning
 rate of `training.lr_grid` on full-sequence windows (`windows.py`: every train transition a target
 once per epoch), keep the one with the best validation NDCG@10; one MLflow child run per (method,
 seed, lr). The evaluate stage (`stages/evaluate.py`) then evaluates the picked models. With `training.workers` > 1,
@@ -154,7 +155,8 @@ def train_stage(ctx, build_inputs: Callable[[Any], StudyInputs] | None = None) -
     cfg = ctx.cfg
     use_threads(cfg)
     inp = inputs_from_context(ctx)
-    jobs = [(m, s, lr) for m in cfg.methods.run for s in cfg.training.seeds for lr in cfg.training.lr_grid]
+    jobs = [(m, s, lr) for m in methods.study_methods(cfg.methods) for s in cfg.training.seeds
+            for lr in cfg.training.lr_grid]
     done: dict[tuple, tuple[Any, bool]] = {}  # job -> (TrainResult, cache hit)
     todo = [job for job in jobs if train_entry(cfg, inp, *job)[1] is None]
     if cfg.training.workers > 1 and len(todo) > 1:
