@@ -190,3 +190,28 @@ def test_a_tiny_study_trains_evaluates_and_draws_the_variants(tmp_path, data_dir
     assert list(lines["none"].x) == sorted(lines["none"].x) and len(lines["none"].x) == 2
     assert list(lines["none"].text) == ["2 items", "3 items"]
     assert math.isfinite(context_figure(ctx.products["evaluate"], "latency/request_mean_ms").data[0].y[0])
+
+
+def test_the_ml1m_sweep_files_say_what_they_run():
+    """The ML-1M context sweep holds four contexts for none and text_history and shares the base study's trained
+    models (same train keys); the budgets files set SASRec's 200 items and patience, and 4 layers for the deep one."""
+    from types import SimpleNamespace
+
+    from workbench.config import load_study
+    from workbench.paths import REPO_ROOT
+    from workbench.study.inputs import train_key
+
+    exp = REPO_ROOT / "experiments"
+    base, sweep = load_study(exp / "personalization_ml1m.yaml"), load_study(exp / "personalization_ml1m_contexts.yaml")
+    rows = methods.study_methods(sweep.methods)
+    for fam in ("none", "text_history"):
+        assert len([r for r in rows if methods.family(r) == fam]) >= 4, fam
+    inp = SimpleNamespace(upstream_key="ml1m")
+    for m in ("none", "text_history", "user_sid", "soft_token"):
+        assert train_key(sweep, inp, m, 0.002, 0) == train_key(base, inp, m, 0.002, 0), m
+    budgets = load_study(exp / "personalization_ml1m_budgets.yaml")
+    deep = load_study(exp / "personalization_ml1m_budgets_deep.yaml")
+    assert budgets.evaluation.sasrec_max_len == 200 and budgets.evaluation.sasrec_patience is not None
+    assert budgets.training.epochs > base.training.epochs and budgets.training.patience == 3
+    assert deep.model.num_layers == 4 and "text_history" in deep.methods.run
+    assert deep.evaluation == budgets.evaluation and deep.training == budgets.training
