@@ -215,3 +215,20 @@ def test_the_ml1m_sweep_files_say_what_they_run():
     assert budgets.training.epochs > base.training.epochs and budgets.training.patience == 3
     assert deep.model.num_layers == 4 and "text_history" in deep.methods.run
     assert deep.evaluation == budgets.evaluation and deep.training == budgets.training
+
+
+def test_cli_methods_runs_exactly_the_names_given(tmp_path, monkeypatch):
+    """`workbench run FILE --methods none-k5 soft_token` runs those two: a variant by its name, the file's
+    methods.contexts set aside (a merge of the override could not empty it)."""
+    from workbench import cli
+    from workbench.study import outputs
+
+    seen = {}
+    monkeypatch.setattr(outputs, "run_experiment", lambda cfg, **kw: seen.setdefault("cfg", cfg))
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump({**MINIMAL, "methods": {"run": ["none"], "contexts": {"none": [2], "text_history": [3]}}}))
+    assert cli.main(["run", str(f), "--methods", "none-k5", "soft_token"]) == 0
+    assert methods.study_methods(seen["cfg"].methods) == ("none-k5", "soft_token")
+    seen.clear()
+    assert cli.main(["run", str(f)]) == 0
+    assert methods.study_methods(seen["cfg"].methods) == ("none-k2", "none", "text_history-k3")
