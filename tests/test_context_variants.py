@@ -226,7 +226,8 @@ def test_cli_methods_runs_exactly_the_names_given(tmp_path, monkeypatch):
     seen = {}
     monkeypatch.setattr(outputs, "run_experiment", lambda cfg, **kw: seen.setdefault("cfg", cfg))
     f = tmp_path / "s.yaml"
-    f.write_text(yaml.safe_dump({**MINIMAL, "methods": {"run": ["none"], "contexts": {"none": [2], "text_history": [3]}}}))
+    contexts = {"none": [2], "text_history": [3]}
+    f.write_text(yaml.safe_dump({**MINIMAL, "methods": {"run": ["none"], "contexts": contexts}}))
     assert cli.main(["run", str(f), "--methods", "none-k5", "soft_token"]) == 0
     assert methods.study_methods(seen["cfg"].methods) == ("none-k5", "soft_token")
     seen.clear()

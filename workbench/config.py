@@ -285,7 +285,8 @@ class MethodsConfig(Section):
         for m, items in v.items():
             base, n = names.split_context_variant(m)
             if n is not None:
-                raise ValueError(f"methods.contexts: key {m!r} is a context variant's name; key its method: {base}: [{n}]")
+                raise ValueError(f"methods.contexts: key {m!r} is a context variant's name; key its method: "
+                                 f"{base}: [{n}]")
             _known_method(m)
             if not items:
                 raise ValueError(f"methods.contexts.{m}: give at least one context (history items), e.g. [5, 10, 20]")

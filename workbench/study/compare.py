@@ -2,8 +2,8 @@
 that include seed variance, and the paired differences against the references.
 
 Every comparison (method vs none, vs als, vs ease, vs sasrec; vs none at the same context; a variant vs its own
-signal) is a seeds-then-users paired bootstrap (`intervals.seed_user_bootstrap`). The evaluate stage (`stages/evaluate.py`) fills the `Entry`s;
-`summary.py` formats and logs the table.
+signal) is a seeds-then-users paired bootstrap (`intervals.seed_user_bootstrap`). The evaluate stage
+(`stages/evaluate.py`) fills the `Entry`s; `summary.py` formats and logs the table.
 """
 
 from __future__ import annotations

@@ -54,16 +54,15 @@ def _same_context(row) -> str:
 
 def markdown_table(table) -> str:
     """The comparison as a markdown table (README-ready)."""
-    cols = ["method", "seeds", "N@10 [95% CI]", "R@10", "MRR", "N@10 per seed", "vs none",
-            "vs none at its context", "vs ALS", "vs EASE",
-            "vs SASRec", "vs own signal", "prompt tokens", "train FLOPs", "ms/request", "best epoch / run"]
+    cols = ["method", "seeds", "N@10 [95% CI]", "R@10", "MRR", "N@10 per seed", "vs none", "vs none at its context",
+            "vs ALS", "vs EASE", "vs SASRec", "vs own signal", "prompt tokens", "train FLOPs", "ms/request",
+            "best epoch / run"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for _, r in table.iterrows():
         r = r.to_dict()
         cells = [LABELS.get(r["method"], r["method"]), str(int(r["seeds"])), _mean_ci(r, N10), f"{r[R10]:.4f}",
                  f"{r[names.MRR]:.4f}", r.get("per_seed/" + N10, ""), _ci(r, f"vs_none/{N10}"), _same_context(r),
-                 _ci(r, f"vs_als/{N10}"),
-                 _ci(r, f"vs_ease/{N10}"), _ci(r, f"vs_sasrec/{N10}"), _ci(r, f"vs_own/{N10}"),
+                 _ci(r, f"vs_als/{N10}"), _ci(r, f"vs_ease/{N10}"), _ci(r, f"vs_sasrec/{N10}"), _ci(r, f"vs_own/{N10}"),
                  _num(r, names.PROMPT_TOKENS_MEAN, "{:.0f}"), _num(r, names.TRAIN_FLOPS, "{:.2e}"),
                  _num(r, "latency/request_mean_ms", "{:.1f}"), _epochs(r)]
         lines.append("| " + " | ".join(cells) + " |")
@@ -160,12 +159,11 @@ def context_figure(table, x: str, by: str | None = None):
     t = t.assign(_family=t["method"].astype(str).map(methods.family))
     series = t["_family"] if by is None else t[by].astype(str) + " · " + t["_family"]
     t = t.assign(_series=series)
-    items = t[names.CONTEXT_ITEMS] if names.CONTEXT_ITEMS in t else None
     fig = go.Figure()
     for name, g in t[t[x].notna()].groupby("_series", sort=False):
         g = g.sort_values(x)  # a line joins its points along the x axis
-        n = g[names.CONTEXT_ITEMS] if items is not None else g["method"].map(lambda _: math.nan)
-        labels = [f"{int(v)} items" if v == v else m for v, m in zip(n, g["method"])]  # NaN: a run before the column
+        n = g[names.CONTEXT_ITEMS] if names.CONTEXT_ITEMS in g else [math.nan] * len(g)  # a run before the column
+        labels = [f"{int(v)} items" if v == v else m for v, m in zip(n, g["method"])]
         fig.add_scatter(x=g[x], y=g[N10], mode="lines+markers+text", name=str(name), text=labels,
                         textposition="top center", customdata=g[["method"]].to_numpy(),
                         error_y=dict(type="data", symmetric=False, array=(g[N10 + "_hi"] - g[N10]).tolist(),

@@ -20,5 +20,5 @@ for _name in _names.METHODS:  # each module registers itself on import; the tabl
     importlib.import_module(f"{__name__}.{_name}")
 
 __all__ = ["NONE", "SIGNALS", "USER_SIDS", "VECTOR", "Method", "PromptError", "UnknownMethod", "Vocab",
-           "WindowTokens", "canonical", "family", "get", "names", "reading_signal", "register", "same_context_references",
-           "study_methods", "unregister"]
+           "WindowTokens", "canonical", "family", "get", "names", "reading_signal", "register",
+           "same_context_references", "study_methods", "unregister"]
