@@ -56,5 +56,5 @@ def test_notebook_02_runs_and_records(tmp_path, data_dir, mlflow_store):
     assert rec["prompt_tokens_mean"]["soft_token"] == rec["prompt_tokens_mean"]["none"] + 1  # the <|user|> slot
     mean, lo, hi = rec["ndcg@10_vs_none"]["soft_token"]
     assert lo <= mean <= hi  # every comparison carries its interval
-    assert rec["figures"] == ["quality_per_method.html", "quality_vs_prompt_length.html", "signal_ablation.html",
-                              "valid_ndcg_vs_train_flops.html"]
+    assert rec["figures"] == ["quality_per_method.html", "quality_vs_ms_per_request.html",
+                              "quality_vs_prompt_length.html", "signal_ablation.html", "valid_ndcg_vs_train_flops.html"]

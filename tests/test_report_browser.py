@@ -34,13 +34,14 @@ pytestmark = pytest.mark.timeout(300)
 KINDS = {"study": "browser_study", "load": "browser_load", "join": "browser_study,browser_study_load",
          "perf": "browser_perf"}
 STUDY_FIGURES = ["study: test quality per method", "study: what the user signal carries",
-                 "study: quality vs prompt length", "study: NDCG@10 by history length",
+                 "study: quality vs prompt length", "study: quality vs ms/request", "study: NDCG@10 by history length",
                  "study: validation NDCG@10 per epoch",
                  "study: validation NDCG@10 vs training FLOPs", "study: SID codebook utilization"]  # fmt: skip
 
 
 def _tiny_study(tmp: Path) -> Path:
-    """experiments/quickstart.yaml with the shared tiny-study overrides (ablation on), trained and evaluated."""
+    """experiments/quickstart.yaml with the shared tiny-study overrides (ablation on, and `none` also at 2 items:
+    a context variant, so the quality-vs-prompt-length figure draws a line), trained and evaluated."""
     from workbench.config import deep_merge, load_config
     from workbench.paths import REPO_ROOT
     from workbench.study.pipeline import run_experiment
@@ -50,6 +51,7 @@ def _tiny_study(tmp: Path) -> Path:
     cfg = deep_merge(base, {**TINY_STUDY_OVERRIDES, "name": "browser_study", "split": {"max_history": 50},
                             "tracking": {"experiment": "browser_study"}})  # fmt: skip
     cfg["evaluation"]["signal_ablation"] = True
+    cfg["methods"]["contexts"] = {"none": [2]}
     path = tmp / "browser_study.yaml"
     path.write_text(yaml.safe_dump(cfg))
     run_experiment(load_config(path), path)
@@ -138,7 +140,12 @@ def test_study_report_shows_what_the_study_logged(reports):
     assert set(sl["method"]) == methods and sl["slice"].str.match(r"Q[1-4] \(").all()
     users = sl.drop_duplicates("slice")["slice_users"]
     assert users.sum() == int(sr.table["test_users"].iloc[0]) and len(users) >= 2
-    assert set(sr.curves["method"]) == {"none", "soft_token"} and sr.curves[names.TRAIN_FLOPS].gt(0).all()
+    assert set(sr.curves["method"]) == {"none", "none-k2", "soft_token"} and sr.curves[names.TRAIN_FLOPS].gt(0).all()
+    # quality vs prompt length and vs ms/request: a line per method across its contexts (none: 2 and 3 items)
+    for title in ("study: quality vs prompt length", "study: quality vs ms/request"):
+        lines = {t.name: t for t in report.figures(s)[title].data}
+        assert set(lines) == {"none", "soft_token"} and len(lines["none"].x) == 2, title
+        assert sorted(lines["none"].text) == ["2 items", "3 items"], title
     assert {"n", "collision_rate", "utilization_l0"} <= set(sr.sid["statistic"])
     run = sr.runs[0]
     assert run["cpu"] and run["commit"] and run["config"]["name"] == "browser_study"
@@ -151,7 +158,8 @@ def test_study_report_shows_what_the_study_logged(reports):
     assert "No finished load runs" not in text and "(none)" not in text
     assert "No table by history length" not in text and html.escape(sl["slice"].iloc[0]) in text
     for col in ("ΔNDCG@10 vs none", "ΔNDCG@10 vs ALS", "ΔNDCG@10 vs EASE", "ΔNDCG@10 vs SASRec",
-                "ΔNDCG@10 vs own signal", "prompt tokens (mean)", "train FLOPs", "ms/request", "collision_rate", run["cpu"]):
+                "ΔNDCG@10 vs own signal", "ΔNDCG@10 vs none at its context", "prompt tokens (mean)", "train FLOPs",
+                "ms/request", "best epoch / run", "collision_rate", run["cpu"]):
         assert col in text, col
 
 

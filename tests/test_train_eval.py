@@ -195,6 +195,48 @@ def test_sasrec_resumes_after_an_interrupt_exactly(tmp_path, one_torch_thread):
         assert torch.equal(a, b), name
 
 
+
+def test_sasrec_patience_stops_after_that_many_epochs_without_a_better_one(data_dir, one_torch_thread):
+    """`evaluation.sasrec_patience` through the stage's `sasrec` (config -> settings -> cache). At lr 0 the weights
+    never move, so no epoch beats the first one's validation NDCG@10: patience p stops after p + 1 epochs, None
+    runs every epoch; the best epoch is the first either way (reported 1-based, as the generative models')."""
+    from types import SimpleNamespace
+
+    from workbench.config import ConfigError, StudyConfig, parse_config
+    from workbench.study.stages.evaluate import sasrec, sasrec_epochs
+
+    data, *_ = synthetic()
+    inp = SimpleNamespace(interactions=data, upstream_key="synthetic")
+    ran = {}
+    for patience in (2, None):
+        cfg = StudyConfig(name="p", dataset={"name": "ml-100k"},
+                          evaluation={"sasrec_epochs": 6, "sasrec_patience": patience, "sasrec_lr_grid": [0.0],
+                                      "sasrec_max_len": 8})  # fmt: skip
+        _, st, info = sasrec(cfg, inp, seed=0)
+        assert st.patience == patience
+        ran[patience] = [h["epoch"] for h in info["history"]]
+        assert sasrec_epochs(info) == {names.BEST_EPOCH: 1.0, names.EPOCHS_RUN: float(len(ran[patience]))}
+    assert ran == {2: [0, 1, 2], None: [0, 1, 2, 3, 4, 5]}
+    with pytest.raises(ConfigError, match="sasrec_patience"):
+        parse_config({"name": "p", "dataset": {"name": "ml-100k"}, "evaluation": {"sasrec_patience": 0}})
+
+
+def test_sasrec_keeps_its_best_epoch_and_stops_on_its_patience():
+    """Learning to a plateau (valid NDCG@10 1.0 by epoch ~5 at lr 2e-2): the kept epoch is the best of the history,
+    and the run stopped, before its most epochs, exactly when `patience` epochs in a row had not beaten the best."""
+    data, *_ = synthetic()
+    st = SasrecSettings(max_len=8, hidden=32, epochs=12, patience=2, lr=2e-2, progress=False)
+    res = train_sasrec(data.train, data.valid, data.n_items, st)
+    vals = [h["valid_ndcg10"] for h in res.history]
+    assert res.best_epoch == int(np.argmax(vals)) and res.best_valid_ndcg10 == max(vals)
+    bad, stop = 0, len(vals)
+    for i, v in enumerate(vals):
+        bad = 0 if v > max(vals[:i], default=-1.0) else bad + 1
+        if bad >= st.patience:
+            stop = i + 1
+            break
+    assert len(vals) == stop < st.epochs
+
 # ---- regressions: training inputs, SASRec windows, evaluation tags -------------------------------
 
 

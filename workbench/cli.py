@@ -74,7 +74,8 @@ def _cmd_run(args) -> int:
         resolve_stages(args.stages)  # a misspelt --stages fails before the config loads or MLflow starts
 
     # --methods narrows methods.run: trained models are cached per method (the key ignores the list), so two
-    # processes can train disjoint methods side by side and a plain run afterwards reuses both
+    # processes can train disjoint methods side by side and a plain run afterwards reuses both; its names are all
+    # that runs (a context variant by its name, none-k5: methods.contexts is set aside)
     # --seeds narrows training.seeds the same way (the train key ignores the seed list too)
     overrides: dict = {}
     if args.methods:
@@ -83,6 +84,8 @@ def _cmd_run(args) -> int:
         overrides["training"] = {"seeds": args.seeds}
     overrides.update(_tracking_override(args))
     cfg = load_study(args.file, overrides=overrides or None)
+    if args.methods and cfg.methods.contexts:  # a merge cannot empty a mapping: set aside here
+        cfg = cfg.model_copy(update={"methods": cfg.methods.model_copy(update={"contexts": {}})})
     from workbench import dist
 
     if not dist.world().is_main:  # under torchrun (joins the ranks here): one console, rank 0's; errors still show
@@ -202,8 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("file")
     s.add_argument("--stages", nargs="*", default=None, help="run only these stages (default: the config's)")
     s.add_argument("--methods", nargs="+", default=None,
-                   help="run only these methods (overrides methods.run; e.g. one method per session; training.workers "
-                        "trains several models at a time in one run)")
+                   help="run only these methods (overrides methods.run and sets methods.contexts aside: a context "
+                        "variant by its name, e.g. none-k5; e.g. one method per session; training.workers trains "
+                        "several models at a time in one run)")
     s.add_argument("--seeds", nargs="+", type=int, default=None,
                    help="run only these training seeds (overrides training.seeds; e.g. one seed per session or process)")
     s.set_defaults(func=_cmd_run)

@@ -51,10 +51,24 @@ def method_names() -> tuple[str, ...]:
 
 
 def _known_method(name: str) -> str:
+    """A registered method, or a context variant of one (`none-k5`: `none` at 5 history items, names.py)."""
     known = method_names()
-    if name not in known:
-        raise ValueError(f"unknown method {name!r}; choose one of {list(known)}")
+    base, items = names.split_context_variant(name)
+    if base not in known:
+        raise ValueError(f"unknown method {name!r}; choose one of {list(known)}"
+                         + (" (or a context variant of one, e.g. none-k5)" if items is not None else ""))
+    if items is not None and items < 1:
+        raise ValueError(f"method {name!r}: a context variant shows >= 1 history items, got {items}; e.g. {base}-k5")
     return name
+
+
+def is_method(name: str) -> bool:
+    """Whether `name` is a method a config may name (a registered one or a context variant of one)."""
+    try:
+        _known_method(name)
+    except ValueError:
+        return False
+    return True
 
 
 MethodName = Annotated[str, AfterValidator(_known_method)]
@@ -276,9 +290,29 @@ class TrainingConfig(Section):
 
 
 class MethodsConfig(Section):
-    run: tuple[MethodName, ...] = names.METHODS  # default: the built-ins
+    run: tuple[MethodName, ...] = names.METHODS  # default: the built-ins (a context variant, none-k5, too)
     recent_k: int = Field(10, ge=1)  # items in the recent SID history (every method)
     long_m: int = Field(50, ge=1)  # items in the long history (none_long, text_history)
+    # each method also at these contexts (history items its prompt shows), each its own model named <method>-k<items>
+    # (study/methods/variants.py), e.g. {none: [5, 10, 20, 50], soft_token: [5]}; one at the method's own context is
+    # the method itself
+    contexts: dict[str, tuple[int, ...]] = {}
+
+    @field_validator("contexts")
+    @classmethod
+    def _contexts(cls, v: dict) -> dict:
+        for m, items in v.items():
+            base, n = names.split_context_variant(m)
+            if n is not None:
+                raise ValueError(f"methods.contexts: key {m!r} is a context variant's name; key its method: "
+                                 f"{base}: [{n}]")
+            _known_method(m)
+            if not items:
+                raise ValueError(f"methods.contexts.{m}: give at least one context (history items), e.g. [5, 10, 20]")
+            if any(x < 1 for x in items):
+                raise ValueError(f"methods.contexts.{m}: a context is a number of history items >= 1, got "
+                                 f"{list(items)}; e.g. [5, 10, 20]")
+        return v
 
     @model_validator(mode="after")
     def _long(self):
@@ -296,7 +330,10 @@ class EvaluationConfig(Section):
     bootstrap: int = Field(1000, ge=0)  # resamples of the seeds-then-users bootstrap (study/intervals.py)
     signal_ablation: bool = True  # also evaluate soft_token / user_sid with a shuffled and a zeroed user signal
     # baselines, tuned on validation NDCG@10 like the generative models' learning rate
-    sasrec_epochs: int = Field(30, ge=1)
+    sasrec_epochs: int = Field(30, ge=1)  # SASRec's most epochs
+    # SASRec stops after this many epochs without a better validation NDCG@10, its best epoch kept (None: every one
+    # of sasrec_epochs runs, the best epoch still kept); 5 is what SASRec always stopped after (its cache key kept)
+    sasrec_patience: int | None = Field(5, ge=1)
     sasrec_max_len: int | None = Field(None, ge=1)  # SASRec's history length (None: methods.long_m)
     sasrec_lr_grid: tuple[float, ...] = (1e-3, 3e-3)
     als_regularization_grid: tuple[float, ...] = (0.05, 1.0)  # the `als` ranker (factors: embeddings.als_factors)
@@ -380,7 +417,7 @@ class LoadConfig(Section):
             raise ValueError("load.quality_users ranks the checkpoints' own test users: it needs "
                              "load.prompts_from: test_split (and load.study)")
         for c in trained:
-            if c.split(":", 1)[1] not in method_names():
+            if not is_method(c.split(":", 1)[1]):
                 raise ValueError(f"load.checkpoints: unknown method in {c!r}; "
                                  f"use trained:<one of {list(method_names())}>")
         return self

@@ -23,6 +23,26 @@ AS_OF = "as_of"  # when a user embedding was computed (int seconds)
 # the built-in personalization methods in table order, each its own module workbench/study/methods/<name>.py;
 # configs are checked against the method registry, which holds these and any method registered on top
 METHODS = ("none", "none_long", "text_history", "user_sid", "soft_token")
+# A method at another context (how many history items its prompt shows; `methods.contexts`, study/methods/variants.py)
+# is named `<method>-k<items>`, e.g. `none-k5`: its name in tables, MLflow tags and run names, `--methods` and
+# `trained:<method>`. The dash keeps the name valid as an MLflow metric or param key and run name and as a file name
+# (`@` is no metric-key character), apart from a signal ablation's `/` (`soft_token-k5/shuffled`), and unlike a
+# registered method's name no Python identifier, so no registered method can take it.
+CONTEXT_MARK = "-k"
+
+
+def context_variant(method: str, items: int) -> str:
+    """The name of `method` showing its `items` most recent history items: context_variant("none", 5) == "none-k5"."""
+    return f"{method}{CONTEXT_MARK}{int(items)}"
+
+
+def split_context_variant(name: str) -> tuple[str, int | None]:
+    """(method, items) of a context variant's name, (name, None) for any other name: "none-k5" -> ("none", 5).
+    Only the spelling `context_variant` writes parses ("none-k05" does not); items may be < 1 (the caller says so)."""
+    base, mark, tail = name.rpartition(CONTEXT_MARK)
+    if mark and base and tail.isdigit() and str(int(tail)) == tail:
+        return base, int(tail)
+    return name, None
 ENGINES = ("torch", "hf", "vllm", "sglang", "trtllm")  # the registry holds one spec per name, in this order
 # the dtypes an engine is asked for (--dtype, an engine entry's dtype); "auto": hardware.resolve_dtype picks
 DTYPES = ("auto", "float32", "bfloat16")
@@ -40,6 +60,9 @@ STAGE_LOAD_SWEEP = "load_sweep"  # the sweep's parent run
 BY_HISTORY = "comparison_by_history"
 SLICE = "slice"  # "Q1 (<= 43)": the quartile, its edges in the label
 SLICE_USERS = "slice_users"  # the test users in the quartile
+# a method row of the comparison table vs `none` showing as many history items (study/methods/variants.py): the
+# columns vs_<this>/<metric>, and the name of that `none` row in the column of this name
+SAME_CONTEXT = "none_at_context"
 
 # ---- quality metrics ------------------------------------------------------------------------
 KS = (5, 10, 30)
@@ -68,6 +91,10 @@ VALID_RECALL10 = "valid/recall_at_10"
 VALID_NDCG10 = "valid/ndcg_at_10"
 BEST_VALID_RECALL10 = "train/best_valid_recall_at_10"
 BEST_VALID_NDCG10 = "train/best_valid_ndcg_at_10"
+# the epoch whose weights a training run kept (best validation NDCG@10; 1 = the first) and the epochs it ran before
+# it stopped (its patience or its most epochs): a best epoch equal to the epochs run says it was still improving
+BEST_EPOCH = "train/best_epoch"
+EPOCHS_RUN = "train/epochs_run"
 TRAIN_FLOPS = "train/flops"  # forward + backward, counted by model/flops.py (cumulative in curves)
 TRAIN_TOKENS_PER_S = "train/tokens_per_s"
 TRAIN_MATMUL_SHARE = "train/matmul_share"  # achieved FLOP/s over the measured matmul rate
@@ -76,6 +103,7 @@ SID_VALIDITY = "quality/sid_validity"
 COVERAGE = "quality/coverage"
 PROMPT_TOKENS_MEAN = "prompt/tokens_mean"
 PROMPT_TOKENS_P95 = "prompt/tokens_p95"
+CONTEXT_ITEMS = "prompt/context_items"  # history items a method's prompt shows (its context: recent_k, long_m, -k5)
 
 # ---- semantic-ID stats ----------------------------------------------------------------------
 SID_COLLISION_RATE = "sid/collision_rate"

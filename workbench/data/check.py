@@ -51,8 +51,9 @@ def text_readers(cfg) -> list[str]:
     out = []
     if cfg.semantic_ids.item_vectors in ("text", "both"):
         out.append(f"semantic_ids.item_vectors: {cfg.semantic_ids.item_vectors}")
-    if "text_history" in cfg.methods.run:
-        out.append("methods.run: text_history")
+    runs = [names.split_context_variant(m)[0] for m in cfg.methods.run]
+    if "text_history" in runs or "text_history" in cfg.methods.contexts:
+        out.append("methods.run: text_history" if "text_history" in runs else "methods.contexts: text_history")
     return out
 
 

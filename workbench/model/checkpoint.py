@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from workbench import names
 from workbench.errors import UsageError
 from workbench.sids.layout import Catalog, SidLayout
 
@@ -101,8 +102,11 @@ def save_checkpoint(path, model, tokenizer, meta: CheckpointMeta, item_codes: np
     """Write the HF directory, the projector, the catalog and `workbench.json`; returns the path."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    if not meta.method.isidentifier():  # the registry (above this layer) knows which names exist; this is its shape
-        raise CheckpointError(f"method {meta.method!r} is not a method name (a Python identifier, e.g. soft_token)")
+    # the registry (above this layer) knows which names exist; this is their shape: an identifier, or a context
+    # variant of one (none-k5, names.context_variant)
+    if not names.split_context_variant(meta.method)[0].isidentifier():
+        raise CheckpointError(f"method {meta.method!r} is not a method name (a Python identifier, e.g. soft_token, "
+                              f"or a context variant of one, e.g. {names.context_variant('none', 5)})")
     vocab = int(model.config.vocab_size)
     if vocab < meta.layout.vocab_size:
         raise CheckpointError(

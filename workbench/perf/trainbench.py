@@ -127,8 +127,11 @@ def build_side(label: str, file: str, overrides: dict, method: str, seed: int, i
     from workbench.study.outputs import inputs_from_context, prepare_context, training_run
 
     cfg = load_study(file, overrides=overrides or None)
-    if method not in cfg.methods.run:
-        raise UsageError(f"--method {method!r} is not among {file}'s methods.run {list(cfg.methods.run)}")
+    from workbench.study.methods import study_methods
+
+    if method not in study_methods(cfg.methods):
+        raise UsageError(f"--method {method!r} is not among {file}'s methods {list(study_methods(cfg.methods))} "
+                         "(methods.run and the methods.contexts variants)")
     key = json.dumps(cfg.model_dump(mode="json", exclude={"training", "evaluation", "tracking"}), sort_keys=True)
     if key not in inp_cache:  # two sides with the same data sections share one set of study inputs
         inp_cache[key] = inputs_from_context(prepare_context(cfg))

@@ -7,7 +7,8 @@ experiment(s) hold, so one command serves every kind:
 
 - a personalization study (`workbench run`, `studies.py`): the quality table with its intervals
   (vs none, vs the baselines), the same by history-length quartile, per-seed values, learning curves,
-  the user-signal ablation, prompt length and cost, SID codebook statistics, and each run's config,
+  the user-signal ablation, prompt length and cost (quality vs prompt tokens and vs ms/request, a line per method
+  across its contexts), SID codebook statistics, and each run's config,
   commit, CPU and versions;
 - load sweeps (`workbench bench`): summary, latency / throughput / cost figures, rate points, configs;
 - both (comma-joined experiments): also quality vs cost and vs p99 latency with the Pareto front;
@@ -459,7 +460,11 @@ def _study_html(study: Study, draw: _Figures) -> list[str]:
     parts.append(_table(abl) if len(abl) else "<p class='note'>No ablation runs (evaluation.signal_ablation off).</p>")
     parts.append(draw({k: v for k, v in figs.items() if k == "study: what the user signal carries"}))
     parts += ["<h3 id='study-cost'>Prompt length and cost</h3>", _table(st.cost_rows(sr))]
-    parts.append(draw({k: v for k, v in figs.items() if k == "study: quality vs prompt length"}))
+    parts.append("<p class='note'>Quality against prompt length and against ms/request: one line per method across "
+                 "the contexts the study ran it at (<code>methods.contexts</code>: <code>none-k5</code> is "
+                 "<code>none</code> showing 5 history items), each point labelled with its items.</p>")
+    parts.append(draw({k: v for k, v in figs.items()
+                       if k in ("study: quality vs prompt length", "study: quality vs ms/request")}))
     parts += ["<h3 id='study-sids'>Semantic IDs: codebook statistics</h3>", _table(st.sid_table(sr))]
     parts.append(draw({k: v for k, v in figs.items() if k == "study: SID codebook utilization"}))
     parts.append("<h3 id='study-runs'>Study runs: config, commit, CPU, versions</h3>")

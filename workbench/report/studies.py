@@ -5,7 +5,7 @@ report shows comes from, and only from:
 
 - the comparison table (`comparison_table.csv` on the parent, `study/compare.py`): means with
   seeds-then-users intervals, the paired differences vs none / als / ease / sasrec and vs the method's own
-  signal, per-seed NDCG@10, prompt tokens, training FLOPs, ms/request, SID validity;
+  signal, per-seed NDCG@10, prompt tokens, training FLOPs, ms/request, SID validity, best epoch and epochs run;
 - the same table per quartile of the test users' history length (`comparison_by_history.csv`,
   `study/slices.py`), where the run logged it;
 - the evaluation child runs (one per method x seed x signal, and the als / sasrec baselines): the
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench import names
-from workbench.names import BY_HISTORY, SLICE, SLICE_USERS
+from workbench.names import BY_HISTORY, SAME_CONTEXT, SLICE, SLICE_USERS
 
 N10, R10 = names.ndcg_at(10), names.recall_at(10)
 ABLATED_SIGNALS = ("own", "shuffled", "zeroed")
@@ -209,7 +209,7 @@ def _per_seed_row(k, label: str) -> dict | None:
         names.PROMPT_TOKENS_P95: m.get(names.PROMPT_TOKENS_P95, nan), names.TRAIN_FLOPS: m.get(names.TRAIN_FLOPS, nan),
         "train/wall_s": m.get("train/wall_s", nan), "latency/request_mean_ms": m.get("latency/request_mean_ms", nan),
         names.SID_VALIDITY: m.get(names.SID_VALIDITY, nan),
-        names.BEST_VALID_NDCG10: m.get(names.BEST_VALID_NDCG10, nan),
+        names.BEST_VALID_NDCG10: m.get(names.BEST_VALID_NDCG10, nan), names.BEST_EPOCH: m.get(names.BEST_EPOCH, nan),
         "lr": m.get("lr", nan), "run_id": k.info.run_id,
     }  # fmt: skip
 
@@ -297,8 +297,17 @@ def quality_rows(sr: StudyRuns):
                     "NDCG@10 per seed": _seeds(r)})
         for ref, title in REFERENCES:
             row[f"ΔNDCG@10 {title}"] = _ci(r, f"vs_{ref}/{N10}", True)
+        row["ΔNDCG@10 vs none at its context"] = _same_context(r)
         rows.append(row)
     return _frame(rows)
+
+
+def _same_context(row) -> str:
+    """The difference vs `none` at the row's context and that row's name (`compare.SAME_CONTEXT`); "-" without one."""
+    ref = row.get(SAME_CONTEXT)
+    if not isinstance(ref, str) or not ref:
+        return "-"
+    return f"{_ci(row, f'vs_{SAME_CONTEXT}/{N10}', True)} vs {ref}"
 
 
 def slice_rows(sr: StudyRuns):
@@ -347,6 +356,13 @@ def ablation_rows(sr: StudyRuns):
     return df.assign(_o=df["signal"].map(order)).sort_values(keys, kind="stable").drop(columns="_o")
 
 
+def _epochs(row) -> str:
+    """The epoch a trained row kept and the epochs it ran (means over seeds); "-" for a row that trained nothing or
+    a run from before they were logged."""
+    best, ran = row.get(names.BEST_EPOCH), row.get(names.EPOCHS_RUN)
+    return f"{best:.1f} / {ran:.1f}" if _isnum(best) and _isnum(ran) else "-"
+
+
 def cost_rows(sr: StudyRuns):
     """Prompt length and cost per method: what each method's quality costs to train and to serve."""
     t = sr.table
@@ -368,7 +384,8 @@ def cost_rows(sr: StudyRuns):
                     "train FLOPs": _fmt(r.get(names.TRAIN_FLOPS), "{:.3g}"),
                     "train wall s": _fmt(seed_mean("train/wall_s"), "{:.0f}"),
                     "ms/request": _fmt(r.get("latency/request_mean_ms"), "{:.1f}"),
-                    "SID validity": _fmt(r.get(names.SID_VALIDITY), "{:.3f}")})
+                    "SID validity": _fmt(r.get(names.SID_VALIDITY), "{:.3f}"),
+                    "best epoch / run": _epochs(r)})
         rows.append(row)
     return _frame(rows)
 
@@ -376,7 +393,8 @@ def cost_rows(sr: StudyRuns):
 PER_SEED_COLUMNS = {"study": "study", "method": "method", "seed": "seed", N10: "NDCG@10", R10: "Recall@10",
                     names.MRR: "MRR", names.COVERAGE: "coverage", names.PROMPT_TOKENS_MEAN: "prompt tokens",
                     names.TRAIN_FLOPS: "train FLOPs", "latency/request_mean_ms": "ms/request",
-                    names.SID_VALIDITY: "SID validity", names.BEST_VALID_NDCG10: "best valid NDCG@10", "lr": "lr"}
+                    names.SID_VALIDITY: "SID validity", names.BEST_VALID_NDCG10: "best valid NDCG@10",
+                    names.BEST_EPOCH: "best epoch", "lr": "lr"}
 
 
 def per_seed_rows(sr: StudyRuns):
@@ -415,9 +433,11 @@ def figures(sr: StudyRuns) -> dict[str, Any]:
         abl = ablation_figure(sr)
         if abl is not None:
             figs["study: what the user signal carries"] = abl
-        pl = prompt_length_figure(sr)
-        if pl is not None:
-            figs["study: quality vs prompt length"] = pl
+        for x, title in ((names.PROMPT_TOKENS_MEAN, "study: quality vs prompt length"),
+                         ("latency/request_mean_ms", "study: quality vs ms/request")):
+            fig = context_figure(sr, x)
+            if fig is not None:
+                figs[title] = fig
     if sr.slices is not None and len(sr.slices):
         figs["study: NDCG@10 by history length"] = slice_figure(sr)
     if sr.curves is not None and len(sr.curves):
@@ -502,26 +522,12 @@ def ablation_figure(sr: StudyRuns):
     return fig
 
 
-def prompt_length_figure(sr: StudyRuns):
-    """NDCG@10 against mean prompt tokens; baselines (no prompt) as dotted lines."""
-    import plotly.graph_objects as go
+def context_figure(sr: StudyRuns, x: str):
+    """NDCG@10 against mean prompt tokens or ms/request: one line per method family across its contexts
+    (`study.summary.context_figure`, the figure the study logs; one set of lines per study); None without `x`."""
+    from workbench.study.summary import context_figure as lines
 
-    t = sr.table[~sr.table["method"].astype(str).str.contains("/")]
-    if names.PROMPT_TOKENS_MEAN not in t or not t[names.PROMPT_TOKENS_MEAN].notna().any():
-        return None
-    fig = go.Figure()
-    for study, g in t.groupby("study", sort=False):
-        gen = g[g[names.PROMPT_TOKENS_MEAN].notna()].sort_values(names.PROMPT_TOKENS_MEAN)
-        fig.add_scatter(x=gen[names.PROMPT_TOKENS_MEAN], y=gen[N10], mode="markers+text", text=gen["method"],
-                        textposition="top center", marker=dict(size=11), error_y=_err(gen, N10),
-                        name=str(study) if sr.multi else "methods")  # fmt: skip
-        if not sr.multi:
-            for _, r in g[g[names.PROMPT_TOKENS_MEAN].isna()].iterrows():
-                fig.add_hline(y=r[N10], line_dash="dot", line_color="gray", annotation_text=str(r["method"]))
-    fig.update_layout(title="Quality vs prompt length (baselines, without a prompt, dotted)",
-                      xaxis_title="prompt tokens (mean over test users)", yaxis_title="NDCG@10 (95% CI)",
-                      template="plotly_white")  # fmt: skip
-    return fig
+    return lines(sr.table, x, by="study" if sr.multi else None)
 
 
 def curve_figure(sr: StudyRuns, x: str, x_title: str, log_x: bool):

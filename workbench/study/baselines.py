@@ -3,8 +3,9 @@
 - Popularity: items ranked by their number of train interactions (train split only: neither the
   valid nor the test items count), each user's seen items excluded.
 - SASRec (Kang & McAuley, 2018): a causal self-attention model over item ids, trained with
-  full-softmax cross-entropy over the catalog at every position, with the same maximum history as
-  the prompts (`methods.long_m`), early-stopped on validation NDCG@10 (seen items excluded). Every
+  full-softmax cross-entropy over the catalog at every position, its history `evaluation.sasrec_max_len` items
+  (default: the prompts' `methods.long_m`), early-stopped on validation NDCG@10 (seen items excluded) after
+  `evaluation.sasrec_patience` epochs without a better one (None: all `sasrec_epochs`). Every
   transition of every train sequence is a target (windows of `max_len + 1` items, `sasrec_windows`),
   not only the last `max_len` of each user.
   Its top-100 per test user are also the candidates the generative models re-rank with `score`.
@@ -58,7 +59,7 @@ class SasrecSettings:
     lr: float = 2e-3
     batch_size: int = 64
     epochs: int = 30
-    patience: int = 5
+    patience: int | None = 5  # epochs without a better valid NDCG@10 before it stops (None: all `epochs` run)
     seed: int = 0
     progress: bool = True
     # "chunked": the full-softmax loss in row chunks over the positions with a target (study/lm_loss.py; the same
@@ -71,7 +72,7 @@ class SasrecSettings:
 class SasrecResult:
     model: object
     settings: SasrecSettings
-    best_epoch: int
+    best_epoch: int  # 0 = the first (its history rows' "epoch"; reported 1-based: stages/evaluate.sasrec_epochs)
     best_valid_ndcg10: float
     history: list[dict] = field(default_factory=list)
     wall_s: float = 0.0
@@ -192,7 +193,8 @@ def train_sasrec(
     train: Sequence[np.ndarray], valid: np.ndarray, n_items: int, st: SasrecSettings, log_fn=None,
     resume_file: Path | None = None,
 ) -> SasrecResult:
-    """Full-softmax CE on every position of each train sequence; early stopping on valid NDCG@10.
+    """Full-softmax CE on every position of each train sequence; early stopping on valid NDCG@10 after
+    `st.patience` epochs without a better one (None: all `st.epochs`); the best epoch's weights are returned.
 
     With `resume_file` the state after every epoch is saved there (weights, optimizer, both RNGs, the best
     epoch so far), and a call that finds it goes on after that epoch, ending as the uninterrupted run would
@@ -249,7 +251,7 @@ def train_sasrec(
             best, best_state, best_epoch, bad = ndcg, copy.deepcopy(model.state_dict()), epoch, 0
         else:
             bad += 1
-        stopped = bad >= st.patience
+        stopped = st.patience is not None and bad >= st.patience
         if resume_file is not None:
             save_state(resume_file, {
                 "epochs_done": epoch + 1, "stopped": stopped, "model": model.state_dict(),

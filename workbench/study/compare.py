@@ -1,9 +1,9 @@
 """The study's comparison table: one row per method or baseline, means over seeds and test users with intervals
 that include seed variance, and the paired differences against the references.
 
-Every comparison (method vs none, vs als, vs ease, vs sasrec; a variant vs its own signal) is a seeds-then-users
-paired bootstrap (`intervals.seed_user_bootstrap`). The evaluate stage (`stages/evaluate.py`) fills the `Entry`s;
-`summary.py` formats and logs the table.
+Every comparison (method vs none, vs als, vs ease, vs sasrec; vs none at the same context; a variant vs its own
+signal) is a seeds-then-users paired bootstrap (`intervals.seed_user_bootstrap`). The evaluate stage
+(`stages/evaluate.py`) fills the `Entry`s; `summary.py` formats and logs the table.
 """
 
 from __future__ import annotations
@@ -16,7 +16,11 @@ import numpy as np
 from workbench import names
 
 REFERENCES = ("none", "als", "ease", "sasrec")  # what every row is compared with
+SAME_CONTEXT = names.SAME_CONTEXT  # a method row vs `none` at as many history items (methods/variants.py)
 TABLE_METRICS = (names.recall_at(10), names.ndcg_at(10), names.MRR)
+# what a row cost, each the mean over its seeds (NaN where the row has none: a baseline has no prompt)
+EXTRA_COLUMNS = (names.PROMPT_TOKENS_MEAN, names.CONTEXT_ITEMS, names.TRAIN_FLOPS, "latency/request_mean_ms",
+                 names.SID_VALIDITY, names.BEST_EPOCH, names.EPOCHS_RUN)
 
 
 @dataclass
@@ -31,9 +35,10 @@ class Entry:
         return [self.per_seed[s][metric] for s in sorted(self.per_seed)]
 
 
-def comparison_table(entries: dict[str, Entry], n_boot: int, seed: int):
+def comparison_table(entries: dict[str, Entry], n_boot: int, seed: int, same_context: dict[str, str] | None = None):
     """One row per entry: mean metrics with seed-aware intervals, per-seed NDCG@10, and the paired
-    differences vs none / als / ease / sasrec (and a signal variant vs its own signal)."""
+    differences vs none / als / ease / sasrec (and a signal variant vs its own signal); `same_context`
+    ({row: the `none` row at its context}, `methods.same_context_references`) adds each such row vs that row."""
     import pandas as pd
 
     from workbench.study.intervals import mean_interval, seed_user_bootstrap
@@ -53,8 +58,14 @@ def comparison_table(entries: dict[str, Entry], n_boot: int, seed: int):
             iv = seed_user_bootstrap(e.arrays(n10), entries[ref].arrays(n10), n_boot, seed)
             tag = "own" if "/" in name and ref == name.split("/")[0] else ref
             row[f"vs_{tag}/{n10}"], row[f"vs_{tag}/{n10}_lo"], row[f"vs_{tag}/{n10}_hi"] = iv.mean, iv.lo, iv.hi
+        ref = (same_context or {}).get(name)
+        row[SAME_CONTEXT] = ref if ref in entries else None
+        if row[SAME_CONTEXT] is not None:
+            iv = seed_user_bootstrap(e.arrays(n10), entries[ref].arrays(n10), n_boot, seed)
+            key = f"vs_{SAME_CONTEXT}/{n10}"
+            row[key], row[key + "_lo"], row[key + "_hi"] = iv.mean, iv.lo, iv.hi
         extras = list(e.extra.values())
-        for key in (names.PROMPT_TOKENS_MEAN, names.TRAIN_FLOPS, "latency/request_mean_ms", names.SID_VALIDITY):
+        for key in EXTRA_COLUMNS:
             vals = [x[key] for x in extras if key in x]
             row[key] = float(np.mean(vals)) if vals else float("nan")
         rows.append(row)

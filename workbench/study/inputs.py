@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from workbench import names
 from workbench.cache import read_done
 from workbench.config import section_hash
 from workbench.paths import cache_dir
@@ -74,12 +75,16 @@ def train_key(cfg, inp: StudyInputs, method: str, lr: float, seed: int) -> str:
     """One trained model's cache key: the model and training config (not the seed and LR lists, threads, workers or
     save interval), the methods' window sizes, this method, LR and seed, and the semantic-IDs stage's key; for a
     method that reads a user signal, the signal's key too (so a method without one, such as `none`, is trained once
-    for every `user_signal` source)."""
+    for every `user_signal` source). A context variant (`none-k5`) has its method's key with its context added: the
+    two differ by nothing else (and one at its method's own context is the method: `methods.canonical`)."""
     tr = cfg.training.model_dump(mode="json")
     for k in ("seeds", "lr_grid", "num_threads", "workers", "save_every_s"):  # threads: rounding only; others: none
         tr.pop(k)
     meth = {"recent_k": cfg.methods.recent_k, "long_m": cfg.methods.long_m}
-    parts = [cfg.model, tr, meth, method, float(lr), int(seed), inp.upstream_key]
+    base, items = names.split_context_variant(methods.canonical(method, cfg.methods.recent_k, cfg.methods.long_m))
+    parts = [cfg.model, tr, meth, base, float(lr), int(seed), inp.upstream_key]
+    if items is not None:
+        parts.append({"context": items})
     if methods.get(method).reads_signal:
         parts.append(inp.signal_key)
     return section_hash("train", CACHE_FORMAT, *parts)

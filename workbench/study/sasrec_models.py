@@ -27,7 +27,8 @@ def settings(cfg, seed: int, lr: float):
     from workbench.study.baselines import SasrecSettings
 
     ev = cfg.evaluation
-    return SasrecSettings(max_len=ev.sasrec_max_len or cfg.methods.long_m, epochs=ev.sasrec_epochs, seed=seed, lr=lr)
+    return SasrecSettings(max_len=ev.sasrec_max_len or cfg.methods.long_m, epochs=ev.sasrec_epochs,
+                          patience=ev.sasrec_patience, seed=seed, lr=lr)
 
 
 def key(cfg, inp: StudyInputs, seed: int, lr: float) -> str:

@@ -54,8 +54,10 @@ def restrict(entry: Entry, mask: np.ndarray) -> Entry:
     return Entry(entry.name, {s: {m: np.asarray(a)[mask] for m, a in per.items()} for s, per in entry.per_seed.items()})
 
 
-def sliced_table(entries: dict[str, Entry], slices: HistorySlices, n_boot: int, seed: int):
-    """The comparison table once per non-empty slice, stacked; columns `slice`, `slice_users`, then the table's."""
+def sliced_table(entries: dict[str, Entry], slices: HistorySlices, n_boot: int, seed: int,
+                 same_context: dict[str, str] | None = None):
+    """The comparison table once per non-empty slice, stacked; columns `slice`, `slice_users`, then the table's
+    (`same_context`: as `compare.comparison_table`'s)."""
     import pandas as pd
 
     from workbench.study.compare import comparison_table
@@ -65,7 +67,7 @@ def sliced_table(entries: dict[str, Entry], slices: HistorySlices, n_boot: int, 
         mask = slices.mask(i)
         if not mask.any():
             continue
-        t = comparison_table({n: restrict(e, mask) for n, e in entries.items()}, n_boot, seed)
+        t = comparison_table({n: restrict(e, mask) for n, e in entries.items()}, n_boot, seed, same_context)
         t.insert(0, SLICE_USERS, int(mask.sum()))
         t.insert(0, SLICE, label)
         parts.append(t)

@@ -11,6 +11,7 @@ import math
 
 from workbench import names
 from workbench.study import methods
+from workbench.names import SAME_CONTEXT
 
 N10, R10 = names.ndcg_at(10), names.recall_at(10)
 LABELS = {"popularity": "popularity (baseline)", "als": "ALS (baseline)", "ease": "EASE (baseline)",
@@ -33,18 +34,37 @@ def _num(row, key: str, fmt: str) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)
 
 
+def _epochs(row) -> str:
+    """The best epoch and the epochs run, means over seeds ("4.3 / 6.0"); "-" where the row trained nothing."""
+    best, ran = _num(row, names.BEST_EPOCH, "{:.1f}"), _num(row, names.EPOCHS_RUN, "{:.1f}")
+    return "-" if best == "-" else f"{best} / {ran}"
+
+
+def _ref(row) -> str | None:
+    """The `none` row at the row's context (`compare.SAME_CONTEXT`), or None (also when read back from a CSV: NaN)."""
+    ref = row.get(SAME_CONTEXT)
+    return ref if isinstance(ref, str) and ref else None
+
+
+def _same_context(row) -> str:
+    """The difference vs `none` at the same context, with that row's name: "+0.0100 [+0.0010, +0.0190] vs none-k5"."""
+    ref = _ref(row)
+    return "-" if ref is None else f"{_ci(row, f'vs_{SAME_CONTEXT}/{N10}')} vs {ref}"
+
+
 def markdown_table(table) -> str:
     """The comparison as a markdown table (README-ready)."""
-    cols = ["method", "seeds", "N@10 [95% CI]", "R@10", "MRR", "N@10 per seed", "vs none", "vs ALS", "vs EASE",
-            "vs SASRec", "vs own signal", "prompt tokens", "train FLOPs", "ms/request"]
+    cols = ["method", "seeds", "N@10 [95% CI]", "R@10", "MRR", "N@10 per seed", "vs none", "vs none at its context",
+            "vs ALS", "vs EASE", "vs SASRec", "vs own signal", "prompt tokens", "train FLOPs", "ms/request",
+            "best epoch / run"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for _, r in table.iterrows():
         r = r.to_dict()
         cells = [LABELS.get(r["method"], r["method"]), str(int(r["seeds"])), _mean_ci(r, N10), f"{r[R10]:.4f}",
-                 f"{r[names.MRR]:.4f}", r.get("per_seed/" + N10, ""), _ci(r, f"vs_none/{N10}"), _ci(r, f"vs_als/{N10}"),
-                 _ci(r, f"vs_ease/{N10}"), _ci(r, f"vs_sasrec/{N10}"), _ci(r, f"vs_own/{N10}"),
+                 f"{r[names.MRR]:.4f}", r.get("per_seed/" + N10, ""), _ci(r, f"vs_none/{N10}"), _same_context(r),
+                 _ci(r, f"vs_als/{N10}"), _ci(r, f"vs_ease/{N10}"), _ci(r, f"vs_sasrec/{N10}"), _ci(r, f"vs_own/{N10}"),
                  _num(r, names.PROMPT_TOKENS_MEAN, "{:.0f}"), _num(r, names.TRAIN_FLOPS, "{:.2e}"),
-                 _num(r, "latency/request_mean_ms", "{:.1f}")]
+                 _num(r, "latency/request_mean_ms", "{:.1f}"), _epochs(r)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -52,21 +72,23 @@ def markdown_table(table) -> str:
 def verdicts(table) -> list[str]:
     """Each comparison of the table in words: which side its 95% interval puts ahead, or that it decides
     nothing (the interval holds 0: the difference is inside seed and user noise). A variant row
-    (`method/shuffled`, `method/zeroed`) is read against its method's own signal; a pair the table holds both
-    ways (ALS vs SASRec, SASRec vs ALS) is said once."""
+    (`method/shuffled`, `method/zeroed`) is read against its method's own signal, a row with a `none` at its
+    context (`none-k5` for `soft_token-k5`) against that one too; a pair the table holds twice (ALS vs SASRec and
+    SASRec vs ALS; soft_token vs none and vs none at its context, where that is `none` itself) is said once."""
     out, said = [], set()
     for _, r in table.iterrows():
         r = r.to_dict()
         name = r["method"]
-        for tag in ("own", "none", "als", "ease", "sasrec"):
+        for tag in ("own", "none", SAME_CONTEXT, "als", "ease", "sasrec"):
             key = f"vs_{tag}/{N10}"
             d = r.get(key)
-            pair = frozenset((name, name.split("/")[0] if tag == "own" else tag))
+            other = name.split("/")[0] if tag == "own" else _ref(r) if tag == SAME_CONTEXT else tag
+            pair = frozenset((name, other))
             if d is None or (isinstance(d, float) and math.isnan(d)) or pair in said:
                 continue
             said.add(pair)
-            ref = (f"{name.split('/')[0]} with its own signal" if tag == "own"
-                   else LABELS.get(tag, tag).removesuffix(" (baseline)"))  # the table's names: ALS, SASRec
+            ref = (f"{name.split('/')[0]} with its own signal" if tag == "own" else f"{other} (the same context)"
+                   if tag == SAME_CONTEXT else LABELS.get(tag, tag).removesuffix(" (baseline)"))  # ALS, SASRec
             lo, hi = r[key + "_lo"], r[key + "_hi"]
             if lo > 0:
                 word = f"{name} is ahead"
@@ -119,9 +141,48 @@ def format_slices(by_history) -> str:
     return "\n".join(["", *lines, f"(every comparison per quartile: {names.BY_HISTORY}.md in MLflow)", ""])
 
 
+LATENCY = "latency/request_mean_ms"  # one beam-search request at a time, per method (evaluation.latency_requests)
+CONTEXT_AXES = {names.PROMPT_TOKENS_MEAN: "prompt tokens (mean over test users)",
+                LATENCY: "ms per request (one beam search at a time, mean)"}
+
+
+def context_figure(table, x: str, by: str | None = None):
+    """NDCG@10 (its seeds-then-users 95% interval) against `x` (mean prompt tokens or ms/request): one line per
+    method family across its contexts (`none`, `none-k5`, `none-k20`, ...: `methods.family`), each point labelled
+    with the history items its prompt shows; the baselines, which have no prompt, as dotted lines. `by`: a column
+    (the report's `study`) whose values get lines of their own. None where no row has `x`."""
+    import plotly.graph_objects as go
+
+    t = table[~table["method"].astype(str).str.contains("/")]
+    if x not in t or not t[x].notna().any():
+        return None
+    t = t.assign(_family=t["method"].astype(str).map(methods.family))
+    series = t["_family"] if by is None else t[by].astype(str) + " · " + t["_family"]
+    t = t.assign(_series=series)
+    fig = go.Figure()
+    for name, g in t[t[x].notna()].groupby("_series", sort=False):
+        g = g.sort_values(x)  # a line joins its points along the x axis
+        n = g[names.CONTEXT_ITEMS] if names.CONTEXT_ITEMS in g else [math.nan] * len(g)  # a run before the column
+        labels = [f"{int(v)} items" if v == v else m for v, m in zip(n, g["method"])]
+        fig.add_scatter(x=g[x], y=g[N10], mode="lines+markers+text", name=str(name), text=labels,
+                        textposition="top center", customdata=g[["method"]].to_numpy(),
+                        error_y=dict(type="data", symmetric=False, array=(g[N10 + "_hi"] - g[N10]).tolist(),
+                                     arrayminus=(g[N10] - g[N10 + "_lo"]).tolist()),
+                        hovertemplate="%{customdata[0]} (%{text}): NDCG@10 %{y:.4f} at %{x:.1f}<extra></extra>")
+    if by is None or t[by].nunique() == 1:
+        for _, r in t[t[x].isna()].iterrows():
+            fig.add_hline(y=r[N10], line_dash="dot", line_color="gray", annotation_text=str(r["method"]))
+    what = "prompt length" if x == names.PROMPT_TOKENS_MEAN else "serving latency"
+    fig.update_layout(title=f"Quality vs {what}: each method across its contexts (points: history items shown; "
+                            "baselines, without a prompt, dotted)", xaxis_title=CONTEXT_AXES.get(x, x),
+                      yaxis_title="NDCG@10 (95% CI over seeds and users)", template="plotly_white")
+    return fig
+
+
 def figures(table, trained) -> dict:
-    """plotly figures: quality per method with intervals, quality vs prompt length, validation NDCG@10
-    against training FLOPs (the compute-matched view), and the user-signal ablation."""
+    """plotly figures: quality per method with intervals, quality vs prompt length and vs ms/request (each
+    method's line across its contexts), validation NDCG@10 against training FLOPs (the compute-matched view),
+    and the user-signal ablation."""
     import plotly.graph_objects as go
 
     figs = {}
@@ -133,16 +194,11 @@ def figures(table, trained) -> dict:
     fig.update_layout(title="Test quality per method (95% CI over seeds and users; seen items banned)",
                       barmode="group", yaxis_title="value")
     figs["quality_per_method.html"] = fig
-    gen = table[table[names.PROMPT_TOKENS_MEAN].notna()]
-    fig = go.Figure()
-    fig.add_scatter(x=gen[names.PROMPT_TOKENS_MEAN], y=gen[N10], mode="markers+text", text=gen["method"],
-                    textposition="top center", marker=dict(size=12),
-                    error_y=dict(type="data", symmetric=False, array=gen[N10 + "_hi"] - gen[N10],
-                                 arrayminus=gen[N10] - gen[N10 + "_lo"]))
-    for _, r in table[table[names.PROMPT_TOKENS_MEAN].isna()].iterrows():
-        fig.add_hline(y=r[N10], line_dash="dot", annotation_text=r["method"])
-    fig.update_layout(title="Quality vs prompt length", xaxis_title="prompt tokens (mean)", yaxis_title="NDCG@10")
-    figs["quality_vs_prompt_length.html"] = fig
+    for x, file in ((names.PROMPT_TOKENS_MEAN, "quality_vs_prompt_length.html"),
+                    (LATENCY, "quality_vs_ms_per_request.html")):
+        fig = context_figure(table, x)
+        if fig is not None:
+            figs[file] = fig
     fig = go.Figure()
     for (method, seed), res in trained.items():
         h = [x for x in res.history if "epoch" in x]
@@ -151,7 +207,8 @@ def figures(table, trained) -> dict:
     fig.update_layout(title="Validation NDCG@10 against training compute", xaxis_title="training FLOPs",
                       xaxis_type="log", yaxis_title="valid NDCG@10")
     figs["valid_ndcg_vs_train_flops.html"] = fig
-    abl = table[table["method"].str.contains("/") | table["method"].isin(methods.reading_signal())]
+    meth = table["method"].astype(str)
+    abl = table[meth.str.contains("/") | meth.map(methods.family).isin(methods.reading_signal())]
     if len(abl):
         fig = go.Figure()
         fig.add_bar(x=abl["method"], y=abl[N10], error_y=dict(type="data", symmetric=False,

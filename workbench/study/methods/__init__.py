@@ -1,6 +1,7 @@
 """One home per personalization method: `base.py` is the contract, `registry.py` the names, and each built-in
 (none, none_long, text_history, user_sid, soft_token: `names.METHODS`, in that order) one module that declares
-its prompt layout, training windows, user signal and engine prompts, and registers itself.
+its prompt layout, training windows, user signal and engine prompts, and registers itself. `variants.py`: a
+method at other contexts (`none-k5`), derived by `get`.
 
     from workbench.study import methods
     methods.get("user_sid").signal      # "user_sids"
@@ -13,9 +14,11 @@ import importlib
 from workbench import names as _names
 from workbench.study.methods.base import NONE, SIGNALS, USER_SIDS, VECTOR, Method, PromptError, Vocab, WindowTokens
 from workbench.study.methods.registry import UnknownMethod, get, names, reading_signal, register, unregister
+from workbench.study.methods.variants import canonical, family, same_context_references, study_methods
 
 for _name in _names.METHODS:  # each module registers itself on import; the table order is this order
     importlib.import_module(f"{__name__}.{_name}")
 
 __all__ = ["NONE", "SIGNALS", "USER_SIDS", "VECTOR", "Method", "PromptError", "UnknownMethod", "Vocab",
-           "WindowTokens", "get", "names", "reading_signal", "register", "unregister"]
+           "WindowTokens", "canonical", "family", "get", "names", "reading_signal", "register",
+           "same_context_references", "study_methods", "unregister"]

@@ -4,7 +4,7 @@ A method is one frozen `Method` (or a subclass) that its own module registers by
 declares what the generic code needs to know, and builds its own tokens:
 
 - `context`: how many history items its prompt shows: the `methods.recent_k` or `methods.long_m` knob, or a
-  fixed count;
+  fixed count (a context variant, `none-k5`, is its method at a fixed count: `variants.py`);
 - `signal`: what it reads about the user besides the history: `NONE`; `USER_SIDS`, the user quantizer's codes
   of the user vector written as tokens; or `VECTOR`, the user vector itself, projected into the `<|user|>`
   position (the checkpoint then carries a projector);
@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from typing import Literal, Protocol, Sequence
 
 import numpy as np
+
+from workbench import names
 
 NONE, USER_SIDS, VECTOR = "none", "user_sids", "vector"  # the kinds of user signal
 SIGNALS = (NONE, USER_SIDS, VECTOR)
@@ -80,8 +82,12 @@ class Method:
     needs_text: bool = False
 
     def __post_init__(self) -> None:
-        if not self.name.isidentifier():
+        base, items = names.split_context_variant(self.name)
+        if not base.isidentifier():
             raise ValueError(f"a method name is a Python identifier (its module's name), got {self.name!r}")
+        if items is not None and self.context != items:  # a context variant (variants.py) shows what its name says
+            raise ValueError(f"method {self.name}: a context variant's name says {items} items, its context is "
+                             f"{self.context!r}")
         if self.signal not in SIGNALS:
             raise ValueError(f"method {self.name}: signal {self.signal!r} is not one of {SIGNALS}")
         if not (self.context in CONTEXTS or (isinstance(self.context, int) and self.context >= 1)):

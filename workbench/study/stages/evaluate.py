@@ -11,12 +11,14 @@ What is evaluated (all on `evaluation.test_users`, all test users by default, se
   history before the items their prompt shows (`PromptBuilder.signal_history`); `ease` (`study/ease.py`),
   its lambda picked on validation NDCG@10 from `evaluation.ease_lambda_grid`, B fitted on train, test
   users scored with train + valid; `sasrec`, one per training seed, its LR picked on validation NDCG@10;
-- every (method, seed) the train stage picked, through the torch engine (constrained beam search);
+- every (method, seed) the train stage picked, context variants (`none-k5`) included, through the torch
+  engine (constrained beam search);
 - with `evaluation.signal_ablation`, soft_token and user_sid again with the user signal shuffled
   across users and zeroed (`PromptSet.with_signal`): what the signal carries, measured.
 
-Every comparison (method vs none, vs als, vs ease, vs sasrec; a variant vs its own signal) is a
-seeds-then-users paired bootstrap (`compare.comparison_table`): its interval includes seed
+Every comparison (method vs none, vs als, vs ease, vs sasrec; vs none at the same context, where the study
+has it: `methods.contexts`, `methods/variants.py`; a variant vs its own signal) is a seeds-then-users paired
+bootstrap (`compare.comparison_table`): its interval includes seed
 variance. The per-seed values are kept in the table. The same table is also computed per quartile of
 the test users' history length (`slices.py`: each slice's intervals are the same bootstrap on its users).
 Results go to the stage's MLflow run and to the parent (tables CSV/markdown, figures; `summary.py`).
@@ -75,16 +77,20 @@ def evaluate_stage(ctx) -> Any:
                 e = entries.setdefault(name, Entry(name))
                 e.per_seed[seed] = ev["per_user"]
                 e.extra[seed] = {**ev["metrics"], names.TRAIN_FLOPS: res.flops, "train/wall_s": res.wall_s,
-                                 names.BEST_VALID_NDCG10: res.best_valid_ndcg10, "lr": res.lr}
+                                 names.BEST_VALID_NDCG10: res.best_valid_ndcg10, "lr": res.lr,
+                                 names.BEST_EPOCH: float(res.best_epoch), names.EPOCHS_RUN: float(res.epochs_run),
+                                 names.CONTEXT_ITEMS: float(methods.get(method).context_items(cfg.methods.recent_k,
+                                                                                              cfg.methods.long_m))}
                 run.log_params({"lr": res.lr, "checkpoint": str(res.checkpoint), "test_users": len(users)})
                 run.log_metrics({k: v for k, v in e.extra[seed].items() if isinstance(v, (int, float))})
                 m = ev["metrics"]
                 say(f"  {name} seed={seed}: NDCG@10 {m[names.ndcg_at(10)]:.4f} Recall@10 {m[names.recall_at(10)]:.4f} "
                      f"({time.perf_counter() - t0:.0f}s)")
-    table = comparison_table(entries, cfg.evaluation.bootstrap, cfg.seed)
+    same = methods.same_context_references(list(entries), cfg.methods.recent_k, cfg.methods.long_m)
+    table = comparison_table(entries, cfg.evaluation.bootstrap, cfg.seed, same)
     table.insert(1, "test_users", len(users))
     slices = history_quartiles([len(s) for s in seen_items(inp, users)])
-    by_history = sliced_table(entries, slices, cfg.evaluation.bootstrap, cfg.seed)
+    by_history = sliced_table(entries, slices, cfg.evaluation.bootstrap, cfg.seed, same)
     log_study(ctx, table, trained, by_history)
     say(format_table(table, cfg))
     say(format_slices(by_history))
@@ -122,8 +128,9 @@ def _baselines(ctx, inp, users: np.ndarray) -> dict[str, Entry]:
             hist = [np.r_[d.train[u], d.valid[u]] for u in users]
             q = Quality.from_lists("sasrec", users, targets, sasrec_rank(model, hist, seen, K, st.max_len), ks, d.n_items)
             out["sasrec"].per_seed[seed] = q.per_user
-            out["sasrec"].extra[seed] = {names.BEST_VALID_NDCG10: info["best_valid_ndcg10"], "lr": info["lr"]}
-            run.log_metrics(q.summary())
+            out["sasrec"].extra[seed] = {names.BEST_VALID_NDCG10: info["best_valid_ndcg10"], "lr": info["lr"],
+                                         **sasrec_epochs(info)}
+            run.log_metrics({**q.summary(), **sasrec_epochs(info)})
     say(f"  baselines done in {time.perf_counter() - t0:.0f}s")
     return out
 
@@ -187,6 +194,11 @@ def sasrec(cfg, inp: StudyInputs, seed: int, log_fn=None):
     return best
 
 
+def sasrec_epochs(info: dict) -> dict[str, float]:
+    """A SASRec's best epoch (1 = the first, as the generative models count) and epochs run, from its cache info."""
+    return {names.BEST_EPOCH: float(info["best_epoch"] + 1), names.EPOCHS_RUN: float(len(info["history"]))}
+
+
 # ---- the trained models -----------------------------------------------------------------------
 def _eval_key(cfg, train_ckpt: Path, users: np.ndarray, rerank_cands, variant: str = "own") -> str:
     """Hashes everything an evaluation reads, including the re-rank candidates themselves (they come
@@ -202,7 +214,7 @@ def _eval_key(cfg, train_ckpt: Path, users: np.ndarray, rerank_cands, variant: s
         cands = h.hexdigest()
     # the baselines-only keys added after the key's layout are left out: a model's evaluation does not read
     # them, and a new one must not invalidate every cached evaluation
-    ev = cfg.evaluation.model_dump(mode="json", exclude={"ease_lambda_grid"})
+    ev = cfg.evaluation.model_dump(mode="json", exclude={"ease_lambda_grid", "sasrec_patience"})
     return section_hash("eval", CACHE_FORMAT, ev, str(train_ckpt), cfg.methods.recent_k,
                         cfg.methods.long_m, users.tolist(), cands, EVAL_ENGINE, EVAL_MODE, EVAL_DTYPE, variant)
 

@@ -1,6 +1,7 @@
 """The train stage (`train_stage(ctx)`): one model per (method, seed, learning rate), the LR picked on validation.
 
-For every method in `methods.run` and every seed in `training.seeds`, train one model per learning
+For every method in `methods.run` and every context variant of `methods.contexts` (`methods.study_methods`; a
+variant is its own model: `methods/variants.py`) and every seed in `training.seeds`, train one model per learning
 rate of `training.lr_grid` on full-sequence windows (`windows.py`: every train transition a target
 once per epoch), keep the one with the best validation NDCG@10; one MLflow child run per (method,
 seed, lr). The evaluate stage (`stages/evaluate.py`) then evaluates the picked models. With `training.workers` > 1,
@@ -154,7 +155,8 @@ def train_stage(ctx, build_inputs: Callable[[Any], StudyInputs] | None = None) -
     cfg = ctx.cfg
     use_threads(cfg)
     inp = inputs_from_context(ctx)
-    jobs = [(m, s, lr) for m in cfg.methods.run for s in cfg.training.seeds for lr in cfg.training.lr_grid]
+    jobs = [(m, s, lr) for m in methods.study_methods(cfg.methods) for s in cfg.training.seeds
+            for lr in cfg.training.lr_grid]
     done: dict[tuple, tuple[Any, bool]] = {}  # job -> (TrainResult, cache hit)
     todo = [job for job in jobs if train_entry(cfg, inp, *job)[1] is None]
     # the evaluate stage's SASRecs need nothing trained here: with workers they train beside the models, last
@@ -285,7 +287,8 @@ def _trained_by_worker(cfg, inp: StudyInputs, method: str, seed: int, lr: float)
 
 def _log_train(run, res, hit: bool) -> None:
     run.log_metrics({names.BEST_VALID_NDCG10: res.best_valid_ndcg10,
-                     names.BEST_VALID_RECALL10: res.best_valid_recall10, "train/steps": res.steps,
+                     names.BEST_VALID_RECALL10: res.best_valid_recall10, names.BEST_EPOCH: res.best_epoch,
+                     names.EPOCHS_RUN: res.epochs_run, "train/steps": res.steps,
                      "train/tokens": res.train_tokens, names.TRAIN_FLOPS: res.flops,
                      "train/wall_s": res.wall_s, names.TRAIN_TOKENS_PER_S: res.tokens_per_s,
                      names.TRAIN_MATMUL_SHARE: res.matmul_share, "train/bf16": float(res.bf16)})
@@ -295,5 +298,5 @@ def _log_train(run, res, hit: bool) -> None:
 def _say_trained(job, res, hit: bool) -> None:
     method, seed, lr = job
     say(f"  {method} seed={seed} lr={lr:g}: valid NDCG@10 {res.best_valid_ndcg10:.4f} "
-         f"({res.epochs_run} epochs, {res.wall_s:.0f}s, {res.tokens_per_s:,.0f} tokens/s, "
+         f"(best epoch {res.best_epoch} of {res.epochs_run}, {res.wall_s:.0f}s, {res.tokens_per_s:,.0f} tokens/s, "
          f"{res.matmul_share:.0%} of the matmul rate{', bf16' if res.bf16 else ''}{', cached' if hit else ''})")
