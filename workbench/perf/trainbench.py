@@ -124,10 +124,9 @@ class Side:
 def build_side(label: str, file: str, overrides: dict, method: str, seed: int, inp_cache: dict) -> Side:
     """The study's training run for `method` under `file` + `overrides` (data stages from the cache), started."""
     from workbench.config import load_study
-    from workbench.study.outputs import inputs_from_context, prepare_context, training_run
+    from workbench.study.outputs import inputs_from_context, prepare_context, study_methods, training_run
 
     cfg = load_study(file, overrides=overrides or None)
-    from workbench.study.methods import study_methods
 
     if method not in study_methods(cfg.methods):
         raise UsageError(f"--method {method!r} is not among {file}'s methods {list(study_methods(cfg.methods))} "

@@ -525,7 +525,7 @@ def ablation_figure(sr: StudyRuns):
 def context_figure(sr: StudyRuns, x: str):
     """NDCG@10 against mean prompt tokens or ms/request: one line per method family across its contexts
     (`study.summary.context_figure`, the figure the study logs; one set of lines per study); None without `x`."""
-    from workbench.study.summary import context_figure as lines
+    from workbench.study.outputs import context_figure as lines
 
     return lines(sr.table, x, by="study" if sr.multi else None)
 

@@ -15,7 +15,8 @@ Read what it produced (a load test's `trained:<method>` checkpoints and `prompts
 Measure quality the way the study does (a faster engine variant against float32, `perf/variant_quality.py`):
 `beam_rank` through an engine on `device_options()`, `Quality` of the lists, `compare` of two Qualities; a caller
 on its own event loop (the method x engine matrix, `load/matrix.py`) sends `beam_requests` itself and maps the
-results with `beam_ranking`; `mean_interval` is the study's interval of a mean.
+results with `beam_ranking`; `mean_interval` is the study's interval of a mean. `study_methods(cfg.methods)` names every method a study runs
+(context variants included); `context_figure(table, x)` draws quality against prompt length (the report's copy).
 A checkpoint or prompts the study has not produced raise `StudyError`.
 
 Time the study's own training steps (`perf/trainbench.py`): `training_run(cfg, inputs, method, seed, folder)` is a
@@ -29,13 +30,15 @@ from workbench.study.evaluate import Quality, beam_rank, beam_ranking, beam_requ
 from workbench.study.inputs import (StudyError, StudyInputs, inputs_from_context, set_threads, study_test_prompts,
                                     trained_checkpoint)
 from workbench.study.intervals import mean_interval
+from workbench.study.methods import study_methods
 from workbench.study.pipeline import prepare_context, resolve_stages, run_experiment
 from workbench.study.stages.train import threads_per_worker as training_threads
 from workbench.study.stages.train import training_run
+from workbench.study.summary import context_figure
 
 __all__ = [
     "Quality", "StudyError", "StudyInputs", "beam_rank", "beam_ranking", "beam_requests", "compare", "device_options",
-    "inputs_from_context", "mean_interval",
+    "context_figure", "inputs_from_context", "mean_interval", "study_methods",
     "prepare_context", "resolve_stages", "run_experiment", "set_threads", "study_test_prompts", "trained_checkpoint",
     "training_run", "training_threads",
 ]  # fmt: skip
