@@ -112,7 +112,7 @@ def test_a_variant_key_is_its_method_key_with_its_context(monkeypatch):
     from workbench.study import inputs
 
     cfg = parse_config({**MINIMAL, "methods": {"recent_k": 3, "long_m": 5}})
-    inp = SimpleNamespace(upstream_key="upstream")
+    inp = SimpleNamespace(upstream_key="upstream", signal_key="signal")
     parts = {}
 
     def spy(*p):
@@ -206,7 +206,7 @@ def test_the_ml1m_sweep_files_say_what_they_run():
     rows = methods.study_methods(sweep.methods)
     for fam in ("none", "text_history"):
         assert len([r for r in rows if methods.family(r) == fam]) >= 4, fam
-    inp = SimpleNamespace(upstream_key="ml1m")
+    inp = SimpleNamespace(upstream_key="ml1m", signal_key="signal")
     for m in ("none", "text_history", "user_sid", "soft_token"):
         assert train_key(sweep, inp, m, 0.002, 0) == train_key(base, inp, m, 0.002, 0), m
     budgets = load_study(exp / "personalization_ml1m_budgets.yaml")

@@ -14,7 +14,8 @@ import importlib
 from workbench import names as _names
 from workbench.study.methods.base import NONE, SIGNALS, USER_SIDS, VECTOR, Method, PromptError, Vocab, WindowTokens
 from workbench.study.methods.registry import UnknownMethod, get, names, reading_signal, register, unregister
-from workbench.study.methods.variants import canonical, family, same_context_references, study_methods
+from workbench.study.methods.rows import canonical, same_context_references, study_methods
+from workbench.study.methods.variants import family
 
 for _name in _names.METHODS:  # each module registers itself on import; the table order is this order
     importlib.import_module(f"{__name__}.{_name}")

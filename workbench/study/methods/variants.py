@@ -8,11 +8,11 @@ other row. A study lists them as `methods.contexts: {none: [5, 10, 20, 50], soft
 tabled and logged as any method is. `methods.get("none-k5")` derives it from the registered `none` (nothing is
 registered), so a checkpoint's stored method name, `--methods none-k5` and `trained:none-k5` resolve too.
 
-- A variant at its method's own context in this config is the method itself (`canonical`): `none` at
+- A variant at its method's own context in this config is the method itself (`rows.canonical`): `none` at
   `methods.recent_k` items is `none`, one model, its cache key unchanged.
 - A variant's train cache key is its method's key with its context added (`inputs.train_key`).
 - Each row is also compared with `none` at the same number of items where the study has it
-  (`same_context_references`; the table's `vs_none_at_context` columns): soft_token at 5 items vs `none-k5`.
+  (`rows.same_context_references`; the table's `vs_none_at_context` columns): soft_token at 5 items vs `none-k5`.
 """
 
 from __future__ import annotations
@@ -37,52 +37,3 @@ def family(name: str) -> str:
     """The method a row belongs to across its contexts: "none-k5" -> "none", "soft_token-k5/shuffled" ->
     "soft_token"; any other name (a method, a baseline) is its own."""
     return names.split_context_variant(name.split("/")[0])[0]
-
-
-def canonical(name: str, recent_k: int, long_m: int) -> str:
-    """The name a study uses for `name`: a variant at its method's own context (in this config) is the method."""
-    from workbench.study.methods.registry import get
-
-    base, items = names.split_context_variant(name)
-    if items is not None and get(base).context_items(recent_k, long_m) == items:
-        return base
-    return name
-
-
-def study_methods(mc) -> tuple[str, ...]:
-    """The methods a study trains and evaluates, from its `methods` section: `run` and every `contexts` variant,
-    each name canonical, duplicates dropped; in table order: the families as `run` (then `contexts`) first names
-    them, each family's rows by context, smallest first."""
-    from workbench.study.methods.registry import get
-
-    rows = [canonical(m, mc.recent_k, mc.long_m) for m in mc.run]
-    rows += [canonical(names.context_variant(base, n), mc.recent_k, mc.long_m)
-             for base, contexts in mc.contexts.items() for n in contexts]
-    rows = list(dict.fromkeys(rows))
-    order = {f: i for i, f in enumerate(dict.fromkeys(family(r) for r in rows))}
-    return tuple(sorted(rows, key=lambda r: (order[family(r)], get(r).context_items(mc.recent_k, mc.long_m))))
-
-
-def context_items(name: str, recent_k: int, long_m: int) -> int | None:
-    """How many history items a row's prompt shows; None for a name that is no method (a baseline)."""
-    from workbench.study.methods.registry import UnknownMethod, get
-
-    try:
-        return get(name).context_items(recent_k, long_m)
-    except UnknownMethod:
-        return None
-
-
-def same_context_references(rows, recent_k: int, long_m: int) -> dict[str, str]:
-    """{row: the `none` row at the same number of history items} for every method row (not `none`'s own, not a
-    signal ablation, not a baseline) whose `none` at that context is among `rows`."""
-    nones = {context_items(r, recent_k, long_m): r for r in rows
-             if "/" not in r and family(r) == REFERENCE and context_items(r, recent_k, long_m) is not None}
-    out = {}
-    for r in rows:
-        if "/" in r or family(r) == REFERENCE:
-            continue
-        items = context_items(r, recent_k, long_m)
-        if items is not None and items in nones:
-            out[r] = nones[items]
-    return out
