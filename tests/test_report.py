@@ -153,3 +153,20 @@ def test_series_are_runs_and_lines_follow_the_x_axis():
     same = summary.assign(dtype="float32")
     assert series_labels(same) == ["torch · sweep a", "torch · sweep b"]
     assert series_labels(summary.iloc[:1]) == ["torch"]
+
+
+def test_ablation_table_of_a_study_without_signal_methods():
+    """A study of `none` alone (as the ML-1M matrix's seed-0 run) has no ablation rows: an empty table, which the
+    report turns into its note, not a KeyError that stops the whole report."""
+    import pandas as pd
+
+    from workbench.report import studies
+
+    n10 = studies.N10
+    table = pd.DataFrame([{"study": "s", "method": "popularity", n10: 0.018},
+                          {"study": "s", "method": "none", n10: 0.146}])
+    assert len(studies.ablation_rows(studies.StudyRuns(runs=[{}], table=table))) == 0
+    table = pd.concat([table, pd.DataFrame([{"study": "s", "method": "soft_token", n10: 0.153},
+                                            {"study": "s", "method": "soft_token/shuffled", n10: 0.150}])])
+    rows = studies.ablation_rows(studies.StudyRuns(runs=[{}], table=table))
+    assert list(rows["signal"]) == ["own", "shuffled"] and set(rows["method"]) == {"soft_token"}

@@ -350,6 +350,8 @@ def ablation_rows(sr: StudyRuns):
                     "ΔNDCG@10 vs none": _ci(r, f"vs_none/{N10}", True),
                     "NDCG@10 per seed": _seeds(r)})
         rows.append(row)
+    if not rows:  # no method with a user signal (a study of `none` alone): no ablation table, not a KeyError
+        return _frame([])
     df = _frame(rows)
     order = {s: i for i, s in enumerate(ABLATED_SIGNALS)}
     keys = (["study"] if sr.multi else []) + ["method", "_o"]
