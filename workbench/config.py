@@ -281,9 +281,10 @@ class TrainingConfig(Section):
     # as matmuls); "sdpa": transformers' SDPA over windows in order under a full mask (before 2026-12-04). The same
     # losses up to rounding.
     attention: Literal["windows", "sdpa"] = "windows"
-    # "chunked": the full-vocabulary loss in row chunks, the logits not kept (study/lm_loss.py); "full": the [n, vocab]
-    # logits kept and F.cross_entropy (before 2026-12-04). The same loss up to rounding.
-    loss: Literal["chunked", "full"] = "chunked"
+    # "fused": the full-vocabulary loss in row chunks, the logits not kept, each chunk's elementwise work one compiled
+    # kernel (study/lm_loss.py; since 2026-12-05); "chunked": the same chunks in eager passes (2026-12-04); "full": the
+    # [n, vocab] logits kept and F.cross_entropy (before 2026-12-04). The same loss up to rounding.
+    loss: Literal["fused", "chunked", "full"] = "fused"
     # the backbone's training steps through torch.compile (dynamic shapes; ~40 s to compile per model; the weights and
     # checkpoints are the model's own). Off by default: the tests train many tiny models; the ML-1M files turn it on.
     compile: bool = False

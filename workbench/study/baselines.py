@@ -62,10 +62,11 @@ class SasrecSettings:
     patience: int | None = 5  # epochs without a better valid NDCG@10 before it stops (None: all `epochs` run)
     seed: int = 0
     progress: bool = True
-    # "chunked": the full-softmax loss in row chunks over the positions with a target (study/lm_loss.py; the same
-    # function in float32; a step 1.3x faster at ML-1M's shape: docs/results/2026-12-04-training-throughput-
-    # intel-amx.md); "full": the [B, L, n_items] logits kept
-    loss: str = "chunked"
+    # "fused" / "chunked": the full-softmax loss in row chunks over the positions with a target (study/lm_loss.py; the
+    # same function in float32; chunked: a step 1.3x faster than full at ML-1M's shape, docs/results/2026-12-04-
+    # training-throughput-intel-amx.md; fused: each chunk's elementwise work one compiled kernel, the loss 1.2x faster
+    # than chunked there); "full": the [B, L, n_items] logits kept
+    loss: str = "fused"
 
 
 @dataclass
@@ -175,7 +176,7 @@ def sasrec_windows(train: Sequence[np.ndarray], max_len: int) -> list[np.ndarray
     return out
 
 
-def sasrec_loss(model, x, y, kind: str = "chunked"):
+def sasrec_loss(model, x, y, kind: str = "fused"):
     """Mean full-softmax cross-entropy over the positions of `x` [B, L] with a target in `y` [B, L] (-1: none)."""
     import torch
 
@@ -186,7 +187,8 @@ def sasrec_loss(model, x, y, kind: str = "chunked"):
     from workbench.study.lm_loss import chunked_lm_loss
 
     flat, keep = y.reshape(-1), y.reshape(-1) >= 0
-    return chunked_lm_loss(h.reshape(-1, h.shape[-1])[keep], model.item.weight[1:], flat[keep], torch.float32)
+    return chunked_lm_loss(h.reshape(-1, h.shape[-1])[keep], model.item.weight[1:], flat[keep], torch.float32,
+                           fused=kind == "fused")
 
 
 def train_sasrec(

@@ -70,7 +70,7 @@ class TrainSettings:
     progress: bool = True
     save_every_s: float = 600.0  # training seconds between saves inside an epoch (0: only at epoch ends)
     attention: str = "windows"  # "windows" (study/attention.py) | "sdpa" (transformers' SDPA, windows in order)
-    loss: str = "chunked"  # "chunked" (study/lm_loss.py) | "full" (the [n, vocab] logits kept, F.cross_entropy)
+    loss: str = "fused"  # "fused" | "chunked" (study/lm_loss.py) | "full" (the [n, vocab] logits kept, F.cross_entropy)
     compile: bool = False  # the backbone's training forward (and so backward) through torch.compile
 
 
@@ -165,13 +165,13 @@ class _Step:
     """Forward + backward of one batch; counts tokens and FLOPs."""
 
     def __init__(self, model, projector, pad_id: int, vocab: int, device: str = "cpu", attention: str = "windows",
-                 loss: str = "chunked"):
+                 loss: str = "fused"):
         self.model, self.projector, self.pad_id, self.vocab, self.device = model, projector, pad_id, vocab, device
-        self.windows_attention, self.chunked_loss = attention == "windows", loss == "chunked"
+        self.windows_attention, self.chunked_loss, self.fused_loss = attention == "windows", loss != "full", loss == "fused"
         self.backbone = None  # model.base_model itself; `compile_backbone` puts a compiled wrapper here
         head = model.get_output_embeddings()
         if self.chunked_loss and getattr(head, "bias", None) is not None:
-            raise ValueError("training.loss: chunked needs an LM head without bias; set training.loss: full")
+            raise ValueError(f"training.loss: {loss} needs an LM head without bias; set training.loss: full")
 
     def compile_backbone(self) -> None:
         """Run the backbone through `torch.compile` (dynamic shapes: windows and batches vary in length) from the
@@ -207,7 +207,7 @@ class _Step:
                                self.backbone)
             logits = None if self.chunked_loss else head(hs)
         if logits is None:  # the same function, without keeping the [n, vocab] logits (lm_loss.py)
-            loss = chunked_lm_loss(hs, head.weight, toks, torch.bfloat16 if bf16 else head.weight.dtype)
+            loss = chunked_lm_loss(hs, head.weight, toks, torch.bfloat16 if bf16 else head.weight.dtype, self.fused_loss)
         else:
             loss = F.cross_entropy(logits.float(), toks)
         wins = [ws.windows[int(i)] for i in idx]
