@@ -72,8 +72,8 @@ def test_a_training_step_with_either_loss_gives_the_same_loss():
 
 
 def test_sasrec_chunked_loss_equals_its_full_softmax_loss():
-    """SASRec's training loss (`baselines.sasrec_loss`): fused, chunked and full give the same mean over the positions with
-    a target (padding, -1, left out by both) and the same gradients, within 1e-5 relative in float32 (the first
+    """SASRec's training loss (`baselines.sasrec_loss`): fused, chunked and full give the same mean over the positions
+    with a target (padding, -1, left out by all) and the same gradients, within 1e-5 relative in float32 (the first
     test's bound). Fault: the padding rows kept in the chunked loss -> failed."""
     import numpy as np
 

@@ -167,7 +167,8 @@ class _Step:
     def __init__(self, model, projector, pad_id: int, vocab: int, device: str = "cpu", attention: str = "windows",
                  loss: str = "fused"):
         self.model, self.projector, self.pad_id, self.vocab, self.device = model, projector, pad_id, vocab, device
-        self.windows_attention, self.chunked_loss, self.fused_loss = attention == "windows", loss != "full", loss == "fused"
+        self.windows_attention = attention == "windows"
+        self.chunked_loss, self.fused_loss = loss != "full", loss == "fused"
         self.backbone = None  # model.base_model itself; `compile_backbone` puts a compiled wrapper here
         head = model.get_output_embeddings()
         if self.chunked_loss and getattr(head, "bias", None) is not None:
@@ -207,7 +208,8 @@ class _Step:
                                self.backbone)
             logits = None if self.chunked_loss else head(hs)
         if logits is None:  # the same function, without keeping the [n, vocab] logits (lm_loss.py)
-            loss = chunked_lm_loss(hs, head.weight, toks, torch.bfloat16 if bf16 else head.weight.dtype, self.fused_loss)
+            dtype = torch.bfloat16 if bf16 else head.weight.dtype
+            loss = chunked_lm_loss(hs, head.weight, toks, dtype, self.fused_loss)
         else:
             loss = F.cross_entropy(logits.float(), toks)
         wins = [ws.windows[int(i)] for i in idx]
