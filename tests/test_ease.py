@@ -112,16 +112,16 @@ def test_test_lists_use_train_weights_and_train_plus_valid_history():
 def test_config_grid_is_checked_and_not_in_the_eval_cache_key():
     from workbench.config import load_config
     from workbench.paths import REPO_ROOT
-    from workbench.study.stages.evaluate import _eval_key
+    from workbench.study.model_evals import key as eval_key
 
     cfg = load_config(REPO_ROOT / "experiments" / "quickstart.yaml")
     assert cfg.evaluation.ease_lambda_grid == (50.0, 200.0, 500.0, 1000.0, 3000.0)
     users = np.arange(5)
-    key = _eval_key(cfg, REPO_ROOT, users, None)
+    key = eval_key(cfg, REPO_ROOT, users, None)
     other = cfg.model_copy(update={"evaluation": cfg.evaluation.model_copy(update={"ease_lambda_grid": (7.0,)})})
-    assert _eval_key(other, REPO_ROOT, users, None) == key  # a baseline's grid does not re-run the models
+    assert eval_key(other, REPO_ROOT, users, None) == key  # a baseline's grid does not re-run the models
     beam = cfg.model_copy(update={"evaluation": cfg.evaluation.model_copy(update={"beam_width": 31})})
-    assert _eval_key(beam, REPO_ROOT, users, None) != key
+    assert eval_key(beam, REPO_ROOT, users, None) != key
     for bad in ([], [100.0, -1.0]):
         with pytest.raises(ValueError, match="ease_lambda_grid must be a non-empty list of lambdas > 0"):
             type(cfg.evaluation).model_validate({"ease_lambda_grid": bad})

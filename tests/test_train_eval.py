@@ -304,15 +304,15 @@ def test_eval_runs_carry_the_report_join_tags(tmp_path):
 
 def test_eval_cache_key_follows_rerank_candidates(tmp_path):
     """A retrained SASRec (other top-100) must not reuse a cached re-rank evaluation."""
-    from workbench.study.stages import evaluate as study
+    from workbench.study import model_evals
     from workbench.config import StudyConfig
 
     cfg = StudyConfig(name="k", dataset={"name": "ml-100k"})
     users = np.arange(3)
-    a = study._eval_key(cfg, tmp_path, users, [[1, 2], [3], [4]])
-    assert a == study._eval_key(cfg, tmp_path, users, [[1, 2], [3], [4]])
-    assert a != study._eval_key(cfg, tmp_path, users, [[2, 1], [3], [4]])
-    assert a != study._eval_key(cfg, tmp_path, users, None)
+    a = model_evals.key(cfg, tmp_path, users, [[1, 2], [3], [4]])
+    assert a == model_evals.key(cfg, tmp_path, users, [[1, 2], [3], [4]])
+    assert a != model_evals.key(cfg, tmp_path, users, [[2, 1], [3], [4]])
+    assert a != model_evals.key(cfg, tmp_path, users, None)
 
 
 def test_sasrec_init_gives_unit_scale_inputs_and_logits():

@@ -140,6 +140,34 @@ def test_sasrec_trains_in_a_worker_as_in_the_evaluate_stage(tmp_path, mlflow_sto
     assert len(curves[0]) == 2 and curves[0] == curves[1]
 
 
+def test_models_are_evaluated_in_the_workers_as_in_the_evaluate_stage(tmp_path, mlflow_store, monkeypatch,
+                                                                       one_torch_thread, capsys):
+    """With workers and the evaluate stage in the run, each model's evaluations (its own signal and, for soft_token,
+    the shuffled and zeroed ablations) run in the workers once the model is trained (study/model_evals.py), and the
+    evaluate stage reads them as cache hits: its table equals the one it computes itself with one worker (one thread
+    each way). Fault: the evaluations not queued -> no "evaluated in a worker" line; a worker evaluating every job
+    with the own signal -> the evaluate stage computed the ablations itself (stored, not hit): failed."""
+    from workbench.study.pipeline import run_experiment
+
+    tables = {}
+    for workers in (1, 2):
+        monkeypatch.setenv("WORKBENCH_DATA_DIR", str(tmp_path / f"data{workers}"))
+        cfg = _study(f"evals{workers}", workers=workers, num_threads=1)
+        cfg.update({"stages": [*STAGES, "evaluate"]})
+        tables[workers] = run_experiment(_load(tmp_path, cfg)).products["evaluate"]
+        out = capsys.readouterr().out  # this process's lines (a worker's own go to the terminal)
+    # the evaluate stage computed none of the four itself: each was a worker's entry
+    assert out.count("cache hit eval/") == 4 and "cache stored eval/" not in out
+    assert "then its evaluations" in out
+    for name in ("none", "soft_token", "soft_token/shuffled", "soft_token/zeroed"):
+        assert f"  {name} seed=0: evaluated in a worker (cached for the evaluate stage)" in out, name
+    one, two = tables[1], tables[2]
+    assert list(one["method"]) == list(two["method"]) and "soft_token/shuffled" in list(one["method"])
+    timed = [c for c in one.columns if "latency" in str(c) or "ms" in str(c)]  # wall times differ run to run
+    assert one.drop(columns=timed).equals(two.drop(columns=timed)), (one.drop(columns=timed).compare(
+        two.drop(columns=timed)))
+
+
 EPOCHS = 4  # long enough to signal mid-training (a tiny epoch takes seconds), short enough to finish after
 
 

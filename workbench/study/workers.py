@@ -3,7 +3,8 @@
 What the train stage uses to train several models at a time (`training.workers`, stages/train.py says why and
 what stays the same). This module knows nothing of the study: it runs `fn(job)` for each job in `n` spawned processes
 (fresh interpreters: no forked OpenMP, MLflow or signal state), each set up once by `init(*init_args)`, and calls
-`on_done(job, future)` in the calling process as each job ends, in the order they end.
+`on_done(job, future)` in the calling process as each job ends, in the order they end; the jobs `on_done` returns
+join the queue (work that can start only once a job is done).
 
 Stopping is the caller's contract with the user: an exception in the caller's process (Ctrl-C, SIGTERM or SIGHUP
 through `workbench.signals`, an error raised by `on_done`) terminates the workers (SIGTERM, then SIGKILL after
@@ -48,13 +49,14 @@ def _bootstrap(ppid: int, init: Callable | None, init_args: tuple) -> None:
         init(*init_args)
 
 
-def side_by_side(jobs: list, n: int, fn: Callable[[Any], Any], on_done: Callable[[Any, cf.Future], None],
+def side_by_side(jobs: list, n: int, fn: Callable[[Any], Any], on_done: Callable[[Any, cf.Future], list | None],
                  init: Callable | None = None, init_args: tuple = ()) -> None:
-    """`fn(job)` for every job in `min(n, len(jobs))` worker processes; `on_done(job, future)` here as each job
-    ends: `future.result()` is what `fn` returned, or raises its error (`BrokenProcessPool` when a worker died).
-    `fn` and `init` must be module-level functions (a spawned worker imports them by name)."""
+    """`fn(job)` for every job in `n` worker processes; `on_done(job, future)` here as each job ends:
+    `future.result()` is what `fn` returned, or raises its error (`BrokenProcessPool` when a worker died); the jobs
+    it returns, if any, are queued after those already waiting. `fn` and `init` must be module-level functions (a
+    spawned worker imports them by name)."""
     before = set(mp.active_children())
-    ex = cf.ProcessPoolExecutor(max_workers=min(n, len(jobs)), mp_context=mp.get_context("spawn"),
+    ex = cf.ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn"),
                                 initializer=_bootstrap, initargs=(os.getpid(), init, init_args))
     ok = False
     try:
@@ -62,7 +64,8 @@ def side_by_side(jobs: list, n: int, fn: Callable[[Any], Any], on_done: Callable
         while pending:
             done, _ = cf.wait(pending, timeout=1.0, return_when=cf.FIRST_COMPLETED)
             for fut in done:
-                on_done(pending.pop(fut), fut)
+                for job in on_done(pending.pop(fut), fut) or ():
+                    pending[ex.submit(fn, job)] = job
         ok = True
     finally:
         if ok:

@@ -23,35 +23,26 @@ variance. The per-seed values are kept in the table. The same table is also comp
 the test users' history length (`slices.py`: each slice's intervals are the same bootstrap on its users).
 Results go to the stage's MLflow run and to the parent (tables CSV/markdown, figures; `summary.py`).
 
-Caching (`workbench.cache.cached`): every evaluation lives in `data/cache/eval/<key>/`, SASRec in
-`data/cache/sasrec/<key>/`; under torchrun evaluation entries are computed by all ranks together, SASRec by
-rank 0 while the others wait for it.
+Caching (`workbench.cache.cached`): every evaluation lives in `data/cache/eval/<key>/` (`model_evals.py`: with
+training workers the train stage may have computed it already), SASRec in `data/cache/sasrec/<key>/`
+(`sasrec_models.py`); under torchrun evaluation entries are computed by all ranks together, SASRec by rank 0 while
+the others wait for it.
 """
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from workbench import names
-from workbench.cache import cached
-from workbench.config import section_hash, settings_from
-from workbench.study import methods
+from workbench.study import methods, model_evals
 from workbench.study.compare import Entry, comparison_table
 from workbench.study.context import child_run, say
-from workbench.study.inputs import (CACHE_FORMAT, StudyInputs, inputs_from_context, method_test_prompts, seen_items,
-                                    test_users, use_threads)
+from workbench.study.inputs import StudyInputs, inputs_from_context, seen_items, test_users, use_threads
 
 BASELINES = ("popularity", "als", "ease", "sasrec")
-VARIANTS = ("shuffled", "zeroed")
-# Quality is measured through this engine, in this mode and dtype; the evaluation child runs carry
-# them as tags so the report can join quality with load runs of the same checkpoint/engine/mode/dtype.
-EVAL_ENGINE = "torch"
-EVAL_MODE = "constrained"
-EVAL_DTYPE = "float32"
 
 
 def evaluate_stage(ctx) -> Any:
@@ -66,14 +57,12 @@ def evaluate_stage(ctx) -> Any:
     users = test_users(cfg, inp)
     entries = _baselines(ctx, inp, users)
     for (method, seed), res in trained.items():
-        ablate = cfg.evaluation.signal_ablation and methods.get(method).reads_signal
-        variants = ("own", *VARIANTS) if ablate else ("own",)
-        for variant in variants:
+        for variant in model_evals.variants(cfg, method):
             name = method if variant == "own" else f"{method}/{variant}"
             tags = {**eval_tags(method, seed, res.checkpoint), names.TAG_SIGNAL: variant}
             with child_run(ctx, f"{name}/seed{seed}", tags) as run:
                 t0 = time.perf_counter()
-                ev = evaluate_method(cfg, inp, method, res, users, None, variant=variant)
+                ev = model_evals.evaluate_method(cfg, inp, method, res, users, None, variant=variant)
                 e = entries.setdefault(name, Entry(name))
                 e.per_seed[seed] = ev["per_user"]
                 e.extra[seed] = {**ev["metrics"], names.TRAIN_FLOPS: res.flops, "train/wall_s": res.wall_s,
@@ -199,75 +188,8 @@ def sasrec_epochs(info: dict) -> dict[str, float]:
     return {names.BEST_EPOCH: float(info["best_epoch"] + 1), names.EPOCHS_RUN: float(len(info["history"]))}
 
 
-# ---- the trained models -----------------------------------------------------------------------
-def _eval_key(cfg, train_ckpt: Path, users: np.ndarray, rerank_cands, variant: str = "own") -> str:
-    """Hashes everything an evaluation reads, including the re-rank candidates themselves (they come
-    from SASRec, whose own cache key is not part of the checkpoint's: a retrained SASRec must not reuse
-    a re-rank result computed on another SASRec's top-100)."""
-    import hashlib
-
-    cands = "none"
-    if rerank_cands is not None:
-        h = hashlib.sha1()
-        for c in rerank_cands:
-            h.update(np.asarray(c, dtype=np.int64).tobytes() + b"|")
-        cands = h.hexdigest()
-    # the baselines-only keys added after the key's layout are left out: a model's evaluation does not read
-    # them, and a new one must not invalidate every cached evaluation
-    ev = cfg.evaluation.model_dump(mode="json", exclude={"ease_lambda_grid", "sasrec_patience"})
-    return section_hash("eval", CACHE_FORMAT, ev, str(train_ckpt), cfg.methods.recent_k,
-                        cfg.methods.long_m, users.tolist(), cands, EVAL_ENGINE, EVAL_MODE, EVAL_DTYPE, variant)
-
-
-def evaluate_method(cfg, inp: StudyInputs, method: str, res, users: np.ndarray, rerank_cands, progress=True,
-                    variant: str = "own") -> dict:
-    """Metrics + per-user arrays of one trained checkpoint on the test users (cached); `variant`
-    replaces the user signal ("shuffled" | "zeroed", `PromptSet.with_signal`) to measure what it carries."""
-
-    def load(folder: Path, metrics: dict):
-        z = np.load(folder / "per_user.npz")
-        return {"metrics": metrics, "per_user": {k: z[k] for k in z.files if k.startswith("quality/")},
-                "rerank_per_user": {k[7:]: z[k] for k in z.files if k.startswith("rerank:")}, "lists": z["lists"]}
-
-    out, _, _ = cached("eval", _eval_key(cfg, res.checkpoint, users, rerank_cands, variant),
-                       lambda folder: _evaluate(cfg, inp, method, res, users, rerank_cands, progress, folder, variant),
-                       load, say, collective=True)  # under torchrun every rank beams its share of the users
-    return out
-
-
-def _evaluate(cfg, inp: StudyInputs, method: str, res, users, rerank_cands, progress: bool, folder: Path,
-              variant: str = "own"):
-    from workbench import dist
-    from workbench.study.evaluate import EvalSettings, evaluate_checkpoint
-    from workbench.study.prompts import length_stats
-
-    ps = method_test_prompts(cfg, inp, method, res.checkpoint, users)
-    if variant != "own":
-        from workbench.model.checkpoint import read_meta
-
-        lay = read_meta(res.checkpoint).layout
-        zero = lay.user_codes_to_ids(np.zeros((1, len(lay.user_codebooks)), dtype=np.int64))[0].tolist() \
-            if lay.user_codebooks else None
-        ps = ps.with_signal(variant, cfg.seed, zero)
-    ev = cfg.evaluation
-    settings = settings_from(EvalSettings, ev, progress=progress)
-    out = evaluate_checkpoint(res.checkpoint, ps, settings, rerank_candidates=rerank_cands, engine_name=EVAL_ENGINE,
-                              dtype=EVAL_DTYPE)
-    metrics = {**out["metrics"], **length_stats(ps)}
-    arrays = {k: v for k, v in out["beam"].per_user.items()}
-    if out["rerank"] is not None:
-        arrays.update({f"rerank:{k}": v for k, v in out["rerank"].per_user.items()})
-    lists = np.full((len(users), max(ev.ks)), -1, dtype=np.int64)
-    for i, l in enumerate(out["beam"].lists):
-        lists[i, : len(l)] = l[: max(ev.ks)]
-    if dist.is_main():  # the other ranks hold the same (gathered) arrays
-        np.savez(folder / "per_user.npz", lists=lists, **arrays)
-    return {"metrics": metrics, "per_user": out["beam"].per_user,
-            "rerank_per_user": {} if out["rerank"] is None else out["rerank"].per_user, "lists": lists}, metrics
-
-
 def eval_tags(method: str, seed: int, checkpoint) -> dict[str, Any]:
     """Tags of one evaluation child run: what was measured, on which checkpoint, engine, mode and dtype."""
     return {names.TAG_STAGE: "evaluate", names.TAG_METHOD: method, names.TAG_SEED: seed,
-            names.TAG_CHECKPOINT: str(checkpoint), names.TAG_ENGINE: EVAL_ENGINE, names.TAG_MODE: EVAL_MODE,
-            names.TAG_DTYPE: EVAL_DTYPE}
+            names.TAG_CHECKPOINT: str(checkpoint), names.TAG_ENGINE: model_evals.EVAL_ENGINE,
+            names.TAG_MODE: model_evals.EVAL_MODE, names.TAG_DTYPE: model_evals.EVAL_DTYPE}

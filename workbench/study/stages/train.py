@@ -5,7 +5,9 @@ variant is its own model: `methods/variants.py`) and every seed in `training.see
 rate of `training.lr_grid` on full-sequence windows (`windows.py`: every train transition a target
 once per epoch), keep the one with the best validation NDCG@10; one MLflow child run per (method,
 seed, lr). The evaluate stage (`stages/evaluate.py`) then evaluates the picked models. With `training.workers` > 1,
-several models train at a time, each in its own process ("training workers" below).
+several models train at a time, each in its own process ("training workers" below); when the run includes the
+evaluate stage the workers also train its SASRecs and evaluate each model once its grid is trained, into the cache
+entries that stage reads (`sasrec_models.py`, `model_evals.py`).
 
 Caching (resume after an interruption; `workbench.cache.cached`): every trained model lives in
 `data/cache/train/<key>/` (checkpoint; its TrainResult in done.json, written last; while it trains,
@@ -26,9 +28,10 @@ from workbench import names
 from workbench.cache import cached
 from workbench.config import settings_from
 from workbench.errors import UsageError
-from workbench.study import methods, sasrec_models
+from workbench.study import methods, model_evals, sasrec_models
 from workbench.study.context import child_run, say
-from workbench.study.inputs import StudyInputs, inputs_from_context, set_threads, train_entry, train_key, use_threads
+from workbench.study.inputs import (StudyInputs, inputs_from_context, set_threads, test_users, train_entry, train_key,
+                                    use_threads)
 
 
 # ---- training -------------------------------------------------------------------------------------
@@ -144,6 +147,16 @@ def longest_first(cfg, jobs: list[tuple]) -> list[tuple]:
     return sorted(jobs, key=cost, reverse=True)  # sorted() is stable: ties stay in the config's order
 
 
+def pick_lr(results: list[tuple[float, Any]]) -> tuple[float, Any]:
+    """(lr, TrainResult) with the best validation NDCG@10 among one (method, seed)'s grid, in the grid's order (a
+    tie keeps the earlier LR), whatever order the models finished in."""
+    best = results[0]
+    for lr, res in results[1:]:
+        if res.best_valid_ndcg10 > best[1].best_valid_ndcg10:
+            best = (lr, res)
+    return best
+
+
 def train_stage(ctx, build_inputs: Callable[[Any], StudyInputs] | None = None) -> dict:
     """Train every (method, seed), picking the LR per method on validation; returns {(method, seed): result}.
 
@@ -159,8 +172,10 @@ def train_stage(ctx, build_inputs: Callable[[Any], StudyInputs] | None = None) -
             for lr in cfg.training.lr_grid]
     done: dict[tuple, tuple[Any, bool]] = {}  # job -> (TrainResult, cache hit)
     todo = [job for job in jobs if train_entry(cfg, inp, *job)[1] is None]
-    # the evaluate stage's SASRecs need nothing trained here: with workers they train beside the models, last
-    sasrec_todo = sasrec_models.missing(cfg, inp) if "evaluate" in ctx.stages else []
+    # the evaluate stage's SASRecs need nothing trained here: with workers they train beside the models, last; and
+    # each model's evaluations join the queue once the model is trained (model_evals.py)
+    evaluate = "evaluate" in ctx.stages
+    sasrec_todo = sasrec_models.missing(cfg, inp) if evaluate else []
     if cfg.training.workers > 1 and len(todo) + len(sasrec_todo) > 1:
         if dist.world().size > 1:
             raise UsageError("training.workers > 1 does not combine with torchrun (every rank already trains its "
@@ -169,17 +184,37 @@ def train_stage(ctx, build_inputs: Callable[[Any], StudyInputs] | None = None) -
             raise ValueError("training.workers > 1: train_stage needs build_inputs (pipeline.study_inputs)")
         from workbench.study.workers import side_by_side
 
-        queue = longest_first(cfg, todo) + sasrec_todo
+        users = test_users(cfg, inp)
+        trained = {job: None for job in todo}  # job -> TrainResult, once its worker is done
+
+        def evaluations(method: str, seed: int) -> list[tuple]:
+            """The missing evaluations of (method, seed)'s picked model, once every LR of its grid is trained."""
+            grid = [(method, seed, lr) for lr in cfg.training.lr_grid]
+            if not evaluate or any(job in trained and trained[job] is None for job in grid):
+                return []
+            res = [trained[job] if job in trained else _trained_by_worker(cfg, inp, *job) for job in grid]
+            lr, best = pick_lr([(job[2], r) for job, r in zip(grid, res)])
+            return model_evals.missing(cfg, inp, method, seed, lr, best.checkpoint, users)
+
+        cached_models = {(m, s) for m, s, _ in jobs} - {(m, s) for m, s, _ in todo}
+        queue = longest_first(cfg, todo) + sasrec_todo + [e for ms in sorted(cached_models) for e in evaluations(*ms)]
         n = min(cfg.training.workers, len(queue))
         also = f" and {len(sasrec_todo)} SASRec baseline(s) for the evaluate stage" if sasrec_todo else ""
+        after = ", then its evaluations" if evaluate else ""
         say(f"  training {len(todo)} models{also}, {n} at a time in worker processes ({threads_per_worker(cfg)} "
-             f"thread(s) each); each model's run is logged when it finishes")
+             f"thread(s) each); each model's run is logged when it finishes{after}")
 
-        def finished(job, fut) -> None:
+        def finished(job, fut) -> list[tuple]:
             if job[0] == sasrec_models.JOB:  # its run is the evaluate stage's baseline/sasrec (the curve replayed)
                 _worker_result(job, fut)
                 say(f"  SASRec seed={job[1]} lr={job[2]:g}: trained in a worker (cached for the evaluate stage)")
-                return
+                return []
+            if job[0] == model_evals.JOB:  # its run is the evaluate stage's (a cache hit there)
+                _worker_result(job, fut)
+                _, method, seed, _, variant = job
+                name = method if variant == "own" else f"{method}/{variant}"
+                say(f"  {name} seed={seed}: evaluated in a worker (cached for the evaluate stage)")
+                return []
             with _train_run(ctx, *job) as run:
                 logged = _worker_result(job, fut)
                 res = _trained_by_worker(cfg, inp, *job)
@@ -187,7 +222,9 @@ def train_stage(ctx, build_inputs: Callable[[Any], StudyInputs] | None = None) -
                     run.log_metrics(metrics, step)
                 _log_train(run, res, hit=False)
             done[job] = (res, False)
+            trained[job] = res
             _say_trained(job, res, hit=False)
+            return evaluations(job[0], job[1])
 
         side_by_side(queue, n, _worker_train, finished, init=_worker_init,
                      init_args=(cfg, inp.upstream_key, build_inputs))
@@ -207,10 +244,8 @@ def train_stage(ctx, build_inputs: Callable[[Any], StudyInputs] | None = None) -
         done[job] = (res, hit)
         _say_trained(job, res, hit)
     best: dict[tuple[str, int], Any] = {}
-    for method, seed, lr in jobs:  # the grid's order, whatever order the models finished in
-        res = done[(method, seed, lr)][0]
-        if (method, seed) not in best or res.best_valid_ndcg10 > best[(method, seed)].best_valid_ndcg10:
-            best[(method, seed)] = res
+    for method, seed in dict.fromkeys((m, s) for m, s, _ in jobs):
+        best[(method, seed)] = pick_lr([(lr, done[(method, seed, lr)][0]) for lr in cfg.training.lr_grid])[1]
     grid_log = [{"method": m, "seed": s, "lr": lr, "valid_ndcg10": done[(m, s, lr)][0].best_valid_ndcg10,
                  "cached": done[(m, s, lr)][1]} for m, s, lr in jobs]
     ctx.run.log_dict(grid_log, "lr_grid.json")
@@ -249,12 +284,19 @@ def _worker_init(cfg, upstream_key: str, build_inputs: Callable[[Any], StudyInpu
 
 def _worker_train(job) -> list[tuple[dict, int]]:
     """Train one (method, seed, lr) in this worker, or one SASRec (`sasrec_models.JOB`, seed, lr) into its cache
-    entry; returns the metrics a model logged, as (metrics, step) in order."""
+    entry, or evaluate a trained model (`model_evals.JOB`, method, seed, lr, variant) into its cache entry; returns
+    the metrics a model logged, as (metrics, step) in order."""
+    cfg, inp = _worker["cfg"], _worker["inputs"]
     if job[0] == sasrec_models.JOB:
-        sasrec_models.sasrec_model(_worker["cfg"], _worker["inputs"], job[1], job[2])
+        sasrec_models.sasrec_model(cfg, inp, job[1], job[2])
+        return []
+    if job[0] == model_evals.JOB:
+        _, method, seed, lr, variant = job
+        res = _trained_by_worker(cfg, inp, method, seed, lr)
+        model_evals.evaluate_method(cfg, inp, method, res, test_users(cfg, inp), None, variant=variant)
         return []
     logged: list[tuple[dict, int]] = []
-    train_one(_worker["cfg"], _worker["inputs"], *job, log_fn=lambda m, step: logged.append((dict(m), step)))
+    train_one(cfg, inp, *job, log_fn=lambda m, step: logged.append((dict(m), step)))
     return logged
 
 
@@ -270,9 +312,10 @@ def _worker_result(job, fut) -> list[tuple[dict, int]]:
     try:
         return fut.result()
     except BrokenProcessPool as e:
-        raise RuntimeError(f"the worker process training {job[0]} seed={job[1]} lr={job[2]:g} died (killed, out of "
-                           "memory, or its start failed: its output is above); what finished is cached, run the "
-                           "study again to resume") from e
+        what = f"evaluating {job[1]} ({job[4]}) seed={job[2]}" if job[0] == model_evals.JOB else \
+            f"training {job[0]} seed={job[1]} lr={job[2]:g}"
+        raise RuntimeError(f"the worker process {what} died (killed, out of memory, or its start failed: its output "
+                           "is above); what finished is cached, run the study again to resume") from e
 
 
 def _trained_by_worker(cfg, inp: StudyInputs, method: str, seed: int, lr: float):
