@@ -111,3 +111,7 @@ def test_test_split_needs_a_study_and_a_trained_method(trained_study):
                                          "checkpoints": ["trained:user_sid"]}})
     with pytest.raises(StudyError, match="not trained"):
         run_bench(cfg, progress=False)
+    # load.study_seed picks the seed of the trained:<method> checkpoints: the tiny study trained seed 0 only
+    cfg = parse_config({**base, "load": {**base["load"], "study": str(trained_study), "study_seed": 5}})
+    with pytest.raises(StudyError, match=r"'none' \(seed 5\) is not trained.*--seeds 5"):
+        run_bench(cfg, progress=False)

@@ -397,8 +397,10 @@ class LoadConfig(Section):
     study: str | None = None
     seed: int = 0
     # checkpoint dirs, or random:0.1m | random:2.4m | random:25m (random weights, real format; cached under data/)
-    # `trained:<method>` = that method's checkpoint trained by `study` (seed 0, best LR on validation)
+    # `trained:<method>` = that method's checkpoint trained by `study` (seed: study_seed, best LR on validation)
     checkpoints: tuple[str, ...] = ("random:0.1m",)
+    # the seed whose `trained:<method>` checkpoints a sweep takes (None: the first of the study's training.seeds)
+    study_seed: int | None = Field(None, ge=0)
     unloaded_requests: int = Field(10, ge=1)  # sent one at a time: the unloaded p50 behind the default SLO
     slo_multiple: float = Field(5.0, gt=1)  # default SLO = this x the reference engine's unloaded p50
     grid_factor: float = Field(2.0, gt=1)  # adaptive grid growth while every point holds the SLO

@@ -462,7 +462,7 @@ def _run_tracked(cfg: SweepConfig, experiment_file: str | Path | None, engine_fa
 
     load = cfg.load
     experiment = cfg.experiment_name
-    study = StudySource(load.study) if load.study else None
+    study = StudySource(load.study, load.study_seed) if load.study else None
     checkpoints = _ordered_checkpoints(cfg, [resolve_checkpoint(s, load, study) for s in load.checkpoints])
     settings = sweep_settings(load)
     if progress is not None:

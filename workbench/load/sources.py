@@ -17,10 +17,11 @@ from workbench.model.random_checkpoint import SIZES, WEIGHTS_VERSION, make_rando
 class StudySource:
     """The study (`load.study`) behind trained checkpoints and test-split prompts, prepared once per sweep."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, seed: int | None = None):
         from workbench.config import load_study
 
         self.path = path
+        self.seed = seed  # trained:<method>'s seed (None: the first of the study's training.seeds)
         self.cfg = load_study(path)
         self._inputs = None
         self._prompts: dict[Path, Any] = {}  # per checkpoint: every engine of the sweep replays the same set
@@ -37,7 +38,7 @@ class StudySource:
     def checkpoint(self, method: str) -> Path:
         from workbench.study.outputs import trained_checkpoint
 
-        return trained_checkpoint(self.cfg, self.inputs, method).resolve()
+        return trained_checkpoint(self.cfg, self.inputs, method, self.seed).resolve()
 
     def test_prompts(self, checkpoint: Path):
         from workbench.study.outputs import study_test_prompts

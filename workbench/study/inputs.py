@@ -164,7 +164,8 @@ def trained_checkpoint(cfg, inp: StudyInputs, method: str, seed: int | None = No
                 found.append(res)
     if len(found) < len(cfg.training.lr_grid):
         raise StudyError(f"{cfg.name}: method {method!r} (seed {seed}) is not trained for every LR of its grid; "
-                         f"run `workbench run <the study's YAML> --stages data embeddings semantic_ids train` first")
+                         "run `workbench run <the study's YAML> --stages data embeddings semantic_ids train "
+                         f"--seeds {seed}` first")
     return max(found, key=lambda r: r.best_valid_ndcg10).checkpoint
 
 
