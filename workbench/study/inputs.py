@@ -157,9 +157,9 @@ def trained_checkpoint(cfg, inp: StudyInputs, method: str, seed: int | None = No
     seed = cfg.training.seeds[0] if seed is None else seed
     found = []
     for lr in cfg.training.lr_grid:
-        info = train_entry(cfg, inp, method, seed, lr)[1]
+        folder, info = train_entry(cfg, inp, method, seed, lr)
         if info is not None:
-            res = TrainResult.from_dict(info)
+            res = TrainResult.from_entry(folder, info)
             if res.checkpoint.exists():
                 found.append(res)
     if len(found) < len(cfg.training.lr_grid):

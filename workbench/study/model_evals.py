@@ -19,7 +19,7 @@ import numpy as np
 
 from workbench.cache import cached, read_done
 from workbench.config import section_hash, settings_from
-from workbench.paths import cache_dir
+from workbench.paths import cache_dir, data_dir
 from workbench.study import methods
 from workbench.study.context import say
 from workbench.study.inputs import CACHE_FORMAT, StudyInputs, method_test_prompts
@@ -63,8 +63,19 @@ def key(cfg, train_ckpt: Path, users: np.ndarray, rerank_cands, variant: str = "
     # the baselines-only keys added after the key's layout are left out: a model's evaluation does not read
     # them, and a new one must not invalidate every cached evaluation
     ev = cfg.evaluation.model_dump(mode="json", exclude={"ease_lambda_grid", "sasrec_patience"})
-    return section_hash("eval", CACHE_FORMAT, ev, str(train_ckpt), cfg.methods.recent_k,
+    return section_hash("eval", CACHE_FORMAT, ev, checkpoint_ref(train_ckpt), cfg.methods.recent_k,
                         cfg.methods.long_m, users.tolist(), cands, EVAL_ENGINE, EVAL_MODE, EVAL_DTYPE, variant)
+
+
+def checkpoint_ref(checkpoint: Path) -> str:
+    """A checkpoint as an evaluation key names it: one of the study's own by its place in the data folder
+    (`cache/train/<key>/checkpoint`, which the train key already pins), so a data folder moved to another path or
+    machine keeps its evaluations with its checkpoints; any other checkpoint by its absolute path."""
+    path = Path(checkpoint).resolve()
+    try:
+        return path.relative_to(data_dir().resolve()).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def evaluate_method(cfg, inp: StudyInputs, method: str, res, users: np.ndarray, rerank_cands, progress=True,

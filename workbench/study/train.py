@@ -51,6 +51,8 @@ import numpy as np
 from workbench import names
 from workbench.cache import RESUME_FILE, load_state, save_state
 
+CHECKPOINT_DIR = "checkpoint"  # the trained model inside its train cache entry (`out_dir/checkpoint/`)
+
 
 @dataclass
 class TrainSettings:
@@ -103,6 +105,15 @@ class TrainResult:
         d = dict(d)
         d["checkpoint"] = Path(d["checkpoint"])
         return cls(**d)
+
+    @classmethod
+    def from_entry(cls, folder: Path, info: dict) -> "TrainResult":
+        """The result stored in a train cache entry. Its checkpoint is the entry's own `checkpoint/` folder, not
+        the absolute path done.json was written with, so a data folder copied to another path or machine (a GPU
+        host's cache brought home, a worktree's cache kept for the next session) still finds its checkpoints."""
+        res = cls.from_dict(info)
+        res.checkpoint = Path(folder) / CHECKPOINT_DIR
+        return res
 
 
 def lr_factor(step: int, total: int, warmup: int) -> float:
@@ -577,7 +588,7 @@ class _Training:
         if self.projector is not None:
             self.projector.load_state_dict(self.best[3])
         self.model.eval()
-        final = self.out_dir / "checkpoint"
+        final = self.out_dir / CHECKPOINT_DIR
         if self.main:
             final = save_checkpoint(final, self.model, self.backbone.tokenizer, self.meta, self.item_codes,
                                     self.projector)

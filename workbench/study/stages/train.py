@@ -65,7 +65,7 @@ def train_one(cfg, inp: StudyInputs, method: str, seed: int, lr: float, log_fn=N
     from workbench.study.train import TrainResult
 
     def load(folder: Path, info: dict):
-        res = TrainResult.from_dict(info)
+        res = TrainResult.from_entry(folder, info)
         if not res.checkpoint.exists():
             raise KeyError(f"checkpoint {res.checkpoint} missing")
         return res
@@ -325,7 +325,7 @@ def _trained_by_worker(cfg, inp: StudyInputs, method: str, seed: int, lr: float)
     folder, info = train_entry(cfg, inp, method, seed, lr)
     if info is None:
         raise RuntimeError(f"the worker that trained {method} seed={seed} lr={lr:g} left no complete entry in {folder}")
-    return TrainResult.from_dict(info)
+    return TrainResult.from_entry(folder, info)
 
 
 def _log_train(run, res, hit: bool) -> None:
