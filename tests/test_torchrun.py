@@ -145,7 +145,7 @@ def test_one_step_on_two_ranks_equals_one_process(study):
     u = UNIT_ROUNDOFF["float32"]
     for res1, g1s, g2s in zip(study.trained.values(), alone, on_ranks[0]):
         ck2 = study.two / "data" / res1.checkpoint.relative_to(study.one / "data")
-        res2 = TrainResult.from_dict(read_done(ck2.parent))
+        res2 = TrainResult.from_entry(ck2.parent, read_done(ck2.parent))
         assert res2.steps == res1.steps == 1
         # counts are summed over the ranks: the same tokens, targets and FLOPs as one process
         counts = ((r.train_tokens, r.train_targets, r.flops) for r in (res1, res2))

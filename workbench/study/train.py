@@ -97,6 +97,8 @@ class TrainResult:
 
     def to_dict(self) -> dict:
         d = self.__dict__.copy()
+        # where it was written: `from_entry` no longer reads it, but a worktree at an older commit sharing the data
+        # folder does (without it, that worktree would take the entry as unreadable and retrain)
         d["checkpoint"] = str(self.checkpoint)
         return d
 
