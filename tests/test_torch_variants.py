@@ -481,6 +481,41 @@ def test_onednn_layers_are_float32_gemms():
             assert bool(((lin(x).double() - exact).abs() <= k / (1 - k) * scale).all()), (name, rows)
 
 
+def test_onednn_runs_only_ladder_row_counts(monkeypatch):
+    """oneDNN keeps one primitive (~0.6 MB and up) per GEMM shape it has run (onednn.py, "Row counts"): the packed
+    GEMMs run at the fixed ladder's row counts only, all of them built by pack_layers, so no later forward builds
+    one (the server's memory stays flat: tests/test_soak.py). Fault injection (done once while writing this):
+    `__call__` without the padding failed here (row counts 1-7, 9-15, ... ran); without the warm-up in pack_layers
+    this failed, and the soak's server grew 30.4 MiB after its own warm-up (over its 29.1 MiB bound; 1.3 MiB with
+    it; 406-446 MiB with neither, AMD EPYC Zen 5)."""
+    from workbench.engines.torch.layers import LayerWeights
+
+    onednn = _onednn_or_skip()
+    ladder = onednn.ladder()
+    assert ladder[0] == 8 and ladder[-1] == onednn.CHUNK_ROWS and len(ladder) == len(set(ladder))
+    for n in range(1, onednn.CHUNK_ROWS + 1):  # at most 1/8 of a call's rows is padding (7 rows below 64)
+        assert n <= onednn.padded_rows(n) < max(n * 9 / 8, n + 8) and onednn.padded_rows(n) in ladder, n
+    ran: list[int] = []
+    original = onednn.OneDNNLinear._run
+
+    def recording(self, x):
+        ran.append(int(x.shape[0]))
+        return original(self, x)
+
+    monkeypatch.setattr(onednn.OneDNNLinear, "_run", recording)
+    g = torch.Generator().manual_seed(1)
+    lw = LayerWeights(ln1=torch.randn(64), wqkv=torch.randn(96, 64, generator=g), bqkv=None, qk_norm=None,
+                      wo=torch.randn(64, 32, generator=g), bo=None, ln2=torch.randn(64),
+                      w_gate_up=torch.randn(80, 64, generator=g), w_down=torch.randn(64, 40, generator=g))
+    onednn.pack_layers([lw])
+    assert sorted(set(ran)) == ladder and len(ran) == 4 * len(ladder)  # built at load, each shape once
+    ran.clear()
+    x = torch.randn(3 * onednn.CHUNK_ROWS + 5, 64, generator=g)
+    for n in list(range(1, 70)) + [255, 256, 257, 300, 3 * onednn.CHUNK_ROWS + 5]:
+        assert lw.wqkv(x[:n]).shape == (n, 96)
+    assert set(ran) <= set(ladder), sorted(set(ran) - set(ladder))
+
+
 def test_onednn_bfloat16_layers_equal_f_linear(checkpoints):
     """bfloat16: packing changes no bit. Each packed GEMM (biases packed in) equals F.linear, which runs the same
     oneDNN kernel on the unpacked weight; and a whole bfloat16 engine's beams and scores equal gemm='default''s."""

@@ -30,12 +30,13 @@ just after it.
 The memory bound (derived from what the server's code keeps, not fitted to a run). After warm-up, nothing a request
 brings may stay in the server once it is answered: the torch engine drops a job's prompt KV, beam state and banned
 counts when it finishes (`engine.py`), clears its padded prompt-KV buffer when no request decodes
-(`PromptKVBuffer.clear`), its counters are scalars; the app keeps per-request state nowhere (the Prometheus
-label sets are bounded by routes x statuses, and the histograms' buckets are fixed: `serving/metrics.py`); the
-client sends token ids, so no tokenizer cache is filled (decoding the answers' text keeps no cache). What may
-still rise after warm-up is the allocator's high-water mark, because a later forward can mix kinds in a way the
-warm-up did not (prefill of some requests beside decode steps and score passes of others) and glibc keeps what
-it freed (`malloc.py`: blocks up to 32 MiB stay in the heap, up to 256 MiB of free heap is kept). So
+(`PromptKVBuffer.clear`), its counters are scalars, and its oneDNN GEMMs run at a fixed ladder of row counts whose
+kernels it builds at load (`torch/onednn.py`, "Row counts"); the app keeps per-request state nowhere (the Prometheus
+label sets are bounded by routes x statuses, and the histograms' buckets are fixed: `serving/metrics.py`); the client
+sends token ids, so no tokenizer cache is filled (decoding the answers' text keeps no cache). What may still rise
+after warm-up is the allocator's high-water mark, because a later forward can mix kinds in a way the warm-up did not
+(prefill of some requests beside decode steps and score passes of others) and glibc keeps what it freed (`malloc.py`:
+blocks up to 32 MiB stay in the heap, up to 256 MiB of free heap is kept). So
 
     growth(after warm-up -> any later sample) <= F + K + P + G
 

@@ -19,6 +19,18 @@ to `F.linear`'s bit for bit (tests/test_torch_variants.py), so `auto` packs them
 bfloat16 kernel for this CPU, with no timing to decide.
 
 The lm_head stays on `F.linear` (<1% of a request's FLOPs; it may be tied to the embedding).
+
+Row counts. oneDNN builds (JIT-compiles) and caches one primitive per GEMM shape, in a cache of 1,024, and a
+primitive keeps 0.6-6 MB (0.6 MB on average over 1-300 rows for weights from 64x64 to 1536x512; ~3 MB near 256 rows
+float32 and ~6 MB near 1,024 rows bfloat16 for 3072x512; AMD EPYC Zen 5, torch 2.13 / oneDNN 3.12, 2026-12-07). A
+server's forwards have every row count, so its memory rose with the cache: `workbench serve` grew 406-446 MiB over
+the 2,000-request soak (tests/test_soak.py) and was still rising after 10,000. So a call's rows are padded up to the
+next value of a fixed ladder (`padded_rows`: multiples of 8 up to 64, then eight steps per octave, so under 1/8 of
+the rows is padding) and a call of more than CHUNK_ROWS rows runs in chunks of it: 32 shapes per weight, which
+`pack_layers` builds at load (`warm`), so no forward builds one afterwards. Cost, measured on the same CPU
+(docs/results/2026-12-07-onednn-row-ladder-zen5.md): 0.22 s and ~110 MiB at load for the 25m float32 model (~76 MiB
+bfloat16); a beam request (prompt 512, beam 30) within 1% of the unpadded GEMMs; a call over CHUNK_ROWS pays the
+chunks' concatenation (~5% per request when the ladder stopped at 256 rows).
 """
 
 from __future__ import annotations
@@ -28,6 +40,7 @@ import time
 from functools import lru_cache
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from workbench.engines.torch.layers import replace_layer_gemms
@@ -35,6 +48,22 @@ from workbench.engines.torch.layers import replace_layer_gemms
 GEMM_MODES = ("auto", "default", "onednn")
 MIN_SPEEDUP = 1.15  # `auto` keeps oneDNN only above this measured speed-up (below it: run-to-run noise)
 PACK_ROWS = 256  # row count oneDNN packs the weight for; any row count works with it
+CHUNK_ROWS = 512  # the ladder's top: a forward with more rows runs in chunks of this many (module doc)
+STEPS_PER_OCTAVE = 8  # ladder values per doubling of the rows: padding stays under 1/8 of them
+
+
+def padded_rows(n: int) -> int:
+    """The ladder value a call with `n` rows (1 <= n <= CHUNK_ROWS) runs at: n rounded up to a multiple of 8 up
+    to 64; above, to a multiple of 1/8 of the power of two just below n (so n <= padded < n * 9/8)."""
+    if n <= 64:
+        return -(-n // 8) * 8
+    step = (1 << ((n - 1).bit_length() - 1)) // STEPS_PER_OCTAVE
+    return -(-n // step) * step
+
+
+def ladder() -> list[int]:
+    """Every row count the packed GEMMs run at (32 values, 8 to CHUNK_ROWS)."""
+    return sorted({padded_rows(n) for n in range(1, CHUNK_ROWS + 1)})
 
 
 def available() -> bool:
@@ -61,8 +90,22 @@ class OneDNNLinear:
         self.packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS)
         self.bias = None if b is None else b.detach().to(w.dtype).contiguous()
 
-    def __call__(self, x: Tensor) -> Tensor:
+    def _run(self, x: Tensor) -> Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """x [n, in] -> [n, out], run at ladder row counts only (module doc, "Row counts")."""
+        n = int(x.shape[0])
+        if n > CHUNK_ROWS:
+            return torch.cat([self(part) for part in x.split(CHUNK_ROWS)])
+        pad = padded_rows(max(n, 1)) - n
+        return self._run(F.pad(x, (0, 0, 0, pad)))[:n] if pad else self._run(x)
+
+    def warm(self) -> None:
+        """Build the primitive of every ladder row count now (one call each on zeros), not under load."""
+        x = torch.zeros(CHUNK_ROWS, self.shape[1], dtype=self.packed.dtype)
+        for n in ladder():
+            self._run(x[:n])
 
     def numel(self) -> int:
         """Weights it multiplies by (as `Tensor.numel` of the float weight: the FLOP count reads it)."""
@@ -136,8 +179,14 @@ def choose(mode: str, w: Tensor, device: torch.device, dtype: torch.dtype) -> tu
 
 
 def pack_layers(layers: list) -> None:
-    """Replace every layer's GEMM weights (layers.LayerWeights) by OneDNNLinear, biases packed in."""
+    """Replace every layer's GEMM weights (layers.LayerWeights) by OneDNNLinear, biases packed in, and build the
+    primitives of every ladder row count (oneDNN caches them by shape, so one layer's four GEMMs stand for all
+    layers: same shapes)."""
     replace_layer_gemms(layers, OneDNNLinear)
+    if layers:
+        lw = layers[0]
+        for g in (lw.wqkv, lw.wo, lw.w_gate_up, lw.w_down):
+            g.warm()
 
 
 def gflops(n: int = 1024, seconds: float = 1.0, dtype: torch.dtype = torch.float32) -> float:
