@@ -516,6 +516,41 @@ def test_onednn_runs_only_ladder_row_counts(monkeypatch):
     assert set(ran) <= set(ladder), sorted(set(ran) - set(ladder))
 
 
+def test_bfloat16_lm_head_runs_only_ladder_row_counts(checkpoints, monkeypatch):
+    """In bfloat16 the lm_head's `F.linear` runs on oneDNN too (per-shape primitives): the engine runs it at the
+    ladder's row counts, all built at load, with the same logits bit for bit as the plain call; float32 (MKL)
+    leaves it alone. Fault injection (done once while writing this): `logits` without the ladder failed here, and
+    the soak's bfloat16 server grew 27.0 MiB after its warm-up over 2,000 requests (16.4 MiB with it; its bound
+    26.1 MiB; AMD EPYC Zen 5)."""
+    from workbench.engines.torch import onednn
+    from workbench.engines.torch.model import FastLM
+
+    _onednn_or_skip()
+    if not onednn.bf16_supported():
+        pytest.skip("oneDNN has no bfloat16 kernel for this CPU")
+    assert not create_engine("torch", checkpoints["qwen3"]).lm.lm_head_ladder  # float32
+    ran: list[int] = []
+    original = FastLM._lm_head
+
+    def recording(self, h):
+        ran.append(int(h.shape[0]))
+        return original(self, h)
+
+    monkeypatch.setattr(FastLM, "_lm_head", recording)
+    eng = create_engine("torch", checkpoints["qwen3"], dtype="bfloat16", max_beam_width=64)
+    assert eng.lm.lm_head_ladder and sorted(set(ran)) == onednn.ladder()  # built at load
+    ran.clear()
+    rng = np.random.default_rng(3)
+    reqs = [BeamSearchRequest(Prompt.of(rng.integers(2, 300, size=n).tolist()), beam_width=w, max_new_tokens=3)
+            for n, w in ((7, 3), (40, 8), (9, 50))]
+    run(eng.beam_search(reqs))
+    assert ran and set(ran) <= set(onednn.ladder()), sorted(set(ran) - set(onednn.ladder()))
+    h = torch.randn(700, eng.lm.hidden).bfloat16()
+    for n in (1, 5, 30, 513, 700):
+        assert torch.equal(eng.lm.logits(h[:n]), torch.nn.functional.linear(h[:n], eng.lm.lm_head)), n
+    run(eng.close())
+
+
 def test_onednn_bfloat16_layers_equal_f_linear(checkpoints):
     """bfloat16: packing changes no bit. Each packed GEMM (biases packed in) equals F.linear, which runs the same
     oneDNN kernel on the unpacked weight; and a whole bfloat16 engine's beams and scores equal gemm='default''s."""

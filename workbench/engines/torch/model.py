@@ -209,6 +209,12 @@ class FastLM:
             from workbench.engines.torch.onednn import pack_layers
 
             pack_layers(self.layers)
+        from workbench.engines.torch import onednn
+
+        # oneDNN's lm_head (bfloat16 F.linear) at the GEMMs' fixed row counts, built now (onednn.py, "Row counts")
+        self.lm_head_ladder = onednn.lm_head_on_ladder(self.device, dtype, batch_invariant)
+        if self.lm_head_ladder:
+            onednn.warm_ladder(self._lm_head, self.hidden, dtype)
         self.ops = EAGER_OPS
         if compile:
             from workbench.engines.torch.fused import compile_ops
@@ -253,8 +259,15 @@ class FastLM:
         sin[:, : sin.shape[-1] // 2].neg_()
         return cos, sin[:, None, :]
 
+    def _lm_head(self, h: Tensor) -> Tensor:
+        return F.linear(h, self.lm_head)
+
     def logits(self, h: Tensor) -> Tensor:
         """Final-normed hidden rows [N, hidden] -> logits [N, vocab] (in the model dtype)."""
+        if self.lm_head_ladder:
+            from workbench.engines.torch.onednn import on_ladder
+
+            return on_ladder(self._lm_head, h)
         return linear(h, self.lm_head, blocked=self.batch_invariant)
 
     def log_probs(self, h: Tensor) -> Tensor:

@@ -18,7 +18,8 @@ decode step: 8.8 -> 6.0 ms), 1.1x at 120, 1.06x at 512 rows, and 2-3x at 1-4 row
 to `F.linear`'s bit for bit (tests/test_torch_variants.py), so `auto` packs them wherever oneDNN has a
 bfloat16 kernel for this CPU, with no timing to decide.
 
-The lm_head stays on `F.linear` (<1% of a request's FLOPs; it may be tied to the embedding).
+The lm_head stays on `F.linear` (<1% of a request's FLOPs; it may be tied to the embedding); in bfloat16 that
+is oneDNN as well, so its rows follow the same ladder (`lm_head_on_ladder`, below).
 
 Row counts. oneDNN builds (JIT-compiles) and caches one primitive per GEMM shape, in a cache of 1,024, and a
 primitive keeps 0.6-6 MB (0.6 MB on average over 1-300 rows for weights from 64x64 to 1536x512; ~3 MB near 256 rows
@@ -30,7 +31,9 @@ the rows is padding) and a call of more than CHUNK_ROWS rows runs in chunks of i
 `pack_layers` builds at load (`warm`), so no forward builds one afterwards. Cost, measured on the same CPU
 (docs/results/2026-12-07-onednn-row-ladder-zen5.md): 0.22 s and ~110 MiB at load for the 25m float32 model (~76 MiB
 bfloat16); a beam request (prompt 512, beam 30) within 1% of the unpadded GEMMs; a call over CHUNK_ROWS pays the
-chunks' concatenation (~5% per request when the ladder stopped at 256 rows).
+chunks' concatenation (~5% per request when the ladder stopped at 256 rows). Not laddered: the attention's
+batched matmuls, on oneDNN in bfloat16; they still build a few primitives per shape: the bfloat16 soak's server
+grew 15-16 MiB after its warm-up over 2,000 and over 8,000 requests (not with their number; float32 1-4 MiB).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from __future__ import annotations
 import statistics
 import time
 from functools import lru_cache
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -64,6 +68,29 @@ def padded_rows(n: int) -> int:
 def ladder() -> list[int]:
     """Every row count the packed GEMMs run at (32 values, 8 to CHUNK_ROWS)."""
     return sorted({padded_rows(n) for n in range(1, CHUNK_ROWS + 1)})
+
+
+def on_ladder(run: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+    """run(x) for x [n, in], with `run` called at ladder row counts only: x's rows padded up to the next one, or
+    split into chunks of CHUNK_ROWS (module doc, "Row counts"). `run` must treat rows independently (a GEMM)."""
+    n = int(x.shape[0])
+    if n > CHUNK_ROWS:
+        return torch.cat([on_ladder(run, part) for part in x.split(CHUNK_ROWS)])
+    pad = padded_rows(max(n, 1)) - n
+    return run(F.pad(x, (0, 0, 0, pad)))[:n] if pad else run(x)
+
+
+def warm_ladder(run: Callable[[Tensor], Tensor], in_features: int, dtype: torch.dtype) -> None:
+    """Build the primitive of every ladder row count of `run` now (one call each on zeros), not under load."""
+    x = torch.zeros(CHUNK_ROWS, in_features, dtype=dtype)
+    for n in ladder():
+        run(x[:n])
+
+
+def lm_head_on_ladder(device: torch.device, dtype: torch.dtype, batch_invariant: bool) -> bool:
+    """The engine's lm_head (`F.linear`, not packed) runs on oneDNN too: in bfloat16 on a CPU with its bfloat16
+    kernel (float32 `F.linear` runs on MKL, which builds nothing per shape); batch_invariant pins its own rows."""
+    return device.type == "cpu" and dtype == torch.bfloat16 and not batch_invariant and bf16_supported()
 
 
 def available() -> bool:
@@ -95,17 +122,10 @@ class OneDNNLinear:
 
     def __call__(self, x: Tensor) -> Tensor:
         """x [n, in] -> [n, out], run at ladder row counts only (module doc, "Row counts")."""
-        n = int(x.shape[0])
-        if n > CHUNK_ROWS:
-            return torch.cat([self(part) for part in x.split(CHUNK_ROWS)])
-        pad = padded_rows(max(n, 1)) - n
-        return self._run(F.pad(x, (0, 0, 0, pad)))[:n] if pad else self._run(x)
+        return on_ladder(self._run, x)
 
     def warm(self) -> None:
-        """Build the primitive of every ladder row count now (one call each on zeros), not under load."""
-        x = torch.zeros(CHUNK_ROWS, self.shape[1], dtype=self.packed.dtype)
-        for n in ladder():
-            self._run(x[:n])
+        warm_ladder(self._run, self.shape[1], self.packed.dtype)
 
     def numel(self) -> int:
         """Weights it multiplies by (as `Tensor.numel` of the float weight: the FLOP count reads it)."""
