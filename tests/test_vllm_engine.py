@@ -184,8 +184,10 @@ async def test_server_killed_mid_request_fails_in_flight_requests():
     eng, server = sess.engine, sess.engine.server
     pgid = os.getpgid(server.pid)
     rng = np.random.default_rng(11)
-    # enough work that it cannot all finish before the kill, even on a quiet machine
-    reqs = [BeamSearchRequest(Prompt.of(rng.integers(2, 300, 400).tolist()), 16, 3) for _ in range(48)]
+    # enough work that it cannot all finish before the kill, even on a quiet machine, nor while this process waits
+    # for a core: 48 such requests took 1.7-2.1 s on a busy 2-core Zen 5, and once (the suite beside two training
+    # processes) all of them had been answered when the kill came, the event loop having run late; 192 took 6.3 s
+    reqs = [BeamSearchRequest(Prompt.of(rng.integers(2, 300, 400).tolist()), 16, 3) for _ in range(192)]
     task = asyncio.ensure_future(eng.beam_search(reqs))
     await asyncio.sleep(0.5)
     assert not task.done(), "the requests finished before the kill; make the workload bigger"
