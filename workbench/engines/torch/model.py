@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from workbench.engines.torch import onednn
 from workbench.engines.torch.layers import EAGER_OPS, LayerWeights, linear, rms_norm
 from workbench.engines.torch.options import QUANTIZE_MODES
 from workbench.engines.torch.segments import PrefillSegment, SharedSegment
@@ -206,11 +207,7 @@ class FastLM:
             quantize_layers(self.layers)
         self.gemm, self.gemm_why = self._choose_gemm(gemm)
         if self.gemm == "onednn":
-            from workbench.engines.torch.onednn import pack_layers
-
-            pack_layers(self.layers)
-        from workbench.engines.torch import onednn
-
+            onednn.pack_layers(self.layers)
         # oneDNN's lm_head (bfloat16 F.linear) at the GEMMs' fixed row counts, built now (onednn.py, "Row counts")
         self.lm_head_ladder = onednn.lm_head_on_ladder(self.device, dtype, batch_invariant)
         if self.lm_head_ladder:
@@ -224,15 +221,13 @@ class FastLM:
 
     def _choose_gemm(self, mode: str) -> tuple[str, str]:
         """The layer GEMMs' library ("default" or "onednn") and why; the weights are still plain tensors here."""
-        from workbench.engines.torch.onednn import choose
-
         fixed = ("quantize='int8' has its own GEMM kernel" if self.quantize else
                  "batch_invariant=True pins F.linear's row blocks" if self.batch_invariant else None)
         if fixed is not None:
             if mode == "onednn":
                 raise UnsupportedOption(f"gemm='onednn' cannot run with {fixed}; use gemm='auto'")
             return "default", fixed
-        return choose(mode, self.layers[0].w_gate_up, self.device, self.dtype)
+        return onednn.choose(mode, self.layers[0].w_gate_up, self.device, self.dtype)
 
     # ---- sizes -------------------------------------------------------------------------------
     def n_params(self) -> int:
@@ -265,9 +260,7 @@ class FastLM:
     def logits(self, h: Tensor) -> Tensor:
         """Final-normed hidden rows [N, hidden] -> logits [N, vocab] (in the model dtype)."""
         if self.lm_head_ladder:
-            from workbench.engines.torch.onednn import on_ladder
-
-            return on_ladder(self._lm_head, h)
+            return onednn.on_ladder(self._lm_head, h)
         return linear(h, self.lm_head, blocked=self.batch_invariant)
 
     def log_probs(self, h: Tensor) -> Tensor:
