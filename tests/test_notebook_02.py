@@ -56,5 +56,12 @@ def test_notebook_02_runs_and_records(tmp_path, data_dir, mlflow_store):
     assert rec["prompt_tokens_mean"]["soft_token"] == rec["prompt_tokens_mean"]["none"] + 1  # the <|user|> slot
     mean, lo, hi = rec["ndcg@10_vs_none"]["soft_token"]
     assert lo <= mean <= hi  # every comparison carries its interval
-    assert rec["figures"] == ["quality_per_method.html", "quality_vs_ms_per_request.html",
-                              "quality_vs_prompt_length.html", "signal_ablation.html", "valid_ndcg_vs_train_flops.html"]
+    assert rec["figures"] == ["quality_by_history_length.html", "quality_per_method.html",
+                              "quality_vs_ms_per_request.html", "quality_vs_prompt_length.html", "signal_ablation.html",
+                              "valid_ndcg_vs_train_flops.html"]
+    # the table by history length: the quartiles partition the test users, each holds every comparison vs none
+    by = rec["by_history"]
+    assert len(by) >= 2 and sum(q["users"] for q in by.values()) == rec["test_users"]
+    for q in by.values():
+        mean, lo, hi = q["ndcg@10_vs_none"]["soft_token"]
+        assert lo <= mean <= hi

@@ -34,7 +34,7 @@ pytestmark = pytest.mark.timeout(300)
 KINDS = {"study": "browser_study", "load": "browser_load", "join": "browser_study,browser_study_load",
          "perf": "browser_perf"}
 STUDY_FIGURES = ["study: test quality per method", "study: what the user signal carries",
-                 "study: quality vs prompt length", "study: quality vs ms/request", "study: NDCG@10 by history length",
+                 "study: quality vs prompt length", "study: quality vs ms/request", "study: quality by history length",
                  "study: validation NDCG@10 per epoch",
                  "study: validation NDCG@10 vs training FLOPs", "study: SID codebook utilization"]  # fmt: skip
 
@@ -140,6 +140,8 @@ def test_study_report_shows_what_the_study_logged(reports):
     assert set(sl["method"]) == methods and sl["slice"].str.match(r"Q[1-4] \(").all()
     users = sl.drop_duplicates("slice")["slice_users"]
     assert users.sum() == int(sr.table["test_users"].iloc[0]) and len(users) >= 2
+    panels = {t.yaxis for t in report.figures(s)["study: quality by history length"].data}
+    assert panels == {"y", "y2"}  # NDCG@10 per quartile above, the difference vs none below
     assert set(sr.curves["method"]) == {"none", "none-k2", "soft_token"} and sr.curves[names.TRAIN_FLOPS].gt(0).all()
     # quality vs prompt length and vs ms/request: a line per method across its contexts (none: 2 and 3 items)
     for title in ("study: quality vs prompt length", "study: quality vs ms/request"):

@@ -92,3 +92,27 @@ def test_the_slice_tables_render():
     lines = [x for x in short.splitlines() if x.startswith("| ")]
     assert [x.split(" | ")[0] for x in lines] == ["| method", "| none", "| soft_token", "| popularity (baseline)",
                                                   "| soft_token - none", "| popularity (baseline) - none"]
+
+
+def test_the_history_figure_draws_each_quartile_and_its_difference_vs_none():
+    from workbench.study.summary import history_figure
+
+    rng = np.random.default_rng(3)
+    sl = history_quartiles(rng.integers(3, 300, size=240))
+    t = sliced_table(_entries(240, rng), sl, 50, 0)
+    t = t[t["method"] != "popularity"]
+    fig = history_figure(t)
+    top = {tr.name: tr for tr in fig.data if tr.yaxis == "y"}
+    bottom = [tr for tr in fig.data if tr.yaxis == "y2"]
+    assert set(top) == {"none", "soft_token"} and list(top["none"].x) == list(sl.labels)
+    for label, y in zip(top["soft_token"].x, top["soft_token"].y):  # each bar is its quartile's row, not another's
+        row = t[(t[SLICE] == label) & (t["method"] == "soft_token")].iloc[0]
+        assert y == row[N10]
+    (delta,) = bottom  # none has no difference with itself: one bar series below, soft_token's
+    d = t[t["method"] == "soft_token"]
+    assert list(delta.y) == list(d[f"vs_none/{N10}"])
+    assert list(delta.error_y.array) == list(d[f"vs_none/{N10}_hi"] - d[f"vs_none/{N10}"])
+    assert list(delta.error_y.arrayminus) == list(d[f"vs_none/{N10}"] - d[f"vs_none/{N10}_lo"])
+    # a report of several studies: one group per study and quartile
+    two = history_figure(t.assign(study="a"), by="study")
+    assert list(two.data[0].x) == [f"a · {lab}" for lab in sl.labels]

@@ -448,7 +448,7 @@ def _study_html(study: Study, draw: _Figures) -> list[str]:
                  "the seeds-then-users bootstrap on its users.</p>" + _table(sl) if len(sl) else
                  "<p class='note'>No table by history length: these runs did not log "
                  "<code>comparison_by_history.csv</code> (evaluated before it existed).</p>")
-    parts.append(draw({k: v for k, v in figs.items() if k == "study: NDCG@10 by history length"}))
+    parts.append(draw({k: v for k, v in figs.items() if k == "study: quality by history length"}))
     parts += ["<h3 id='study-seeds'>Per-seed values</h3>",
               "<p class='note'>One row per evaluation run (method x training seed x signal) and baseline run.</p>",
               _table(st.per_seed_rows(sr))]

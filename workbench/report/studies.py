@@ -441,7 +441,7 @@ def figures(sr: StudyRuns) -> dict[str, Any]:
             if fig is not None:
                 figs[title] = fig
     if sr.slices is not None and len(sr.slices):
-        figs["study: NDCG@10 by history length"] = slice_figure(sr)
+        figs["study: quality by history length"] = slice_figure(sr)
     if sr.curves is not None and len(sr.curves):
         figs["study: validation NDCG@10 per epoch"] = curve_figure(sr, "epoch", "epoch", log_x=False)
         if sr.curves[names.TRAIN_FLOPS].notna().any():
@@ -452,16 +452,12 @@ def figures(sr: StudyRuns) -> dict[str, Any]:
     return figs
 
 
-def _err(df, key: str) -> dict:
-    return dict(type="data", symmetric=False, array=(df[key + "_hi"] - df[key]).tolist(),
-                arrayminus=(df[key] - df[key + "_lo"]).tolist())  # fmt: skip
-
-
 def quality_figure(sr: StudyRuns):
     """NDCG@10 per method with its 95% interval (bars), each seed's value on top (dots)."""
     import plotly.graph_objects as go
 
     from workbench.load.plots import _PALETTE
+    from workbench.study.outputs import error_bars
 
     t = sr.table[~sr.table["method"].astype(str).str.contains("/")]
     ps = sr.per_seed if sr.per_seed is not None else _frame([])
@@ -470,7 +466,7 @@ def quality_figure(sr: StudyRuns):
         color = _PALETTE[i % len(_PALETTE)]
         name = f"{study}: " if sr.multi else ""
         fig.add_bar(x=g["method"], y=g[N10], name=f"{name}NDCG@10 (95% CI)", marker_color=color, opacity=0.75,
-                    error_y=_err(g, N10), offsetgroup=study, legendgroup=study)  # fmt: skip
+                    error_y=error_bars(g, N10), offsetgroup=study, legendgroup=study)  # fmt: skip
         if len(ps):
             s = ps[(ps["study"] == study) & (ps["signal"] == "own") & ps[N10].notna()]
             if len(s):
@@ -484,25 +480,18 @@ def quality_figure(sr: StudyRuns):
 
 
 def slice_figure(sr: StudyRuns):
-    """NDCG@10 per method (own signal) on each quartile of history length, with its 95% interval."""
-    import plotly.graph_objects as go
+    """NDCG@10 per method (own signal) on each quartile of history length and its difference vs `none`, with 95%
+    intervals (`study.summary.history_figure`, the figure the study logs; one group per study and quartile)."""
+    from workbench.study.outputs import history_figure
 
-    t = sr.slices[~sr.slices["method"].astype(str).str.contains("/")].copy()
-    t["x"] = (t["study"].astype(str) + " · " + t[SLICE].astype(str)) if sr.multi else t[SLICE].astype(str)
-    fig = go.Figure()
-    for method, g in t.groupby("method", sort=False):
-        fig.add_bar(x=g["x"], y=g[N10], name=str(method), error_y=_err(g, N10),
-                    customdata=g[[SLICE_USERS]].to_numpy(),
-                    hovertemplate=f"{method} · %{{x}} (%{{customdata[0]}} users): %{{y:.4f}}<extra></extra>")
-    fig.update_layout(title="Test NDCG@10 by user history length (quartiles of train + valid interactions; 95% CI "
-                            "over seeds and the quartile's users)", barmode="group",
-                      xaxis_title="history length (interactions)", yaxis_title="NDCG@10", template="plotly_white")
-    return fig
+    return history_figure(sr.slices, by="study" if sr.multi else None)
 
 
 def ablation_figure(sr: StudyRuns):
     """Own vs shuffled vs zeroed user signal, per ablated method."""
     import plotly.graph_objects as go
+
+    from workbench.study.outputs import error_bars
 
     t = sr.table
     meth = t["method"].astype(str)
@@ -518,7 +507,7 @@ def ablation_figure(sr: StudyRuns):
     for signal in ABLATED_SIGNALS:
         g = df[df["signal"] == signal]
         if len(g):
-            fig.add_bar(x=g["base"], y=g[N10], name=f"{signal} signal", error_y=_err(g, N10))
+            fig.add_bar(x=g["base"], y=g[N10], name=f"{signal} signal", error_y=error_bars(g, N10))
     fig.update_layout(title="What the user signal carries: NDCG@10 with the own, a shuffled and a zeroed signal",
                       barmode="group", yaxis_title="NDCG@10 (95% CI)", template="plotly_white")
     return fig

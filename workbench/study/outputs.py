@@ -16,7 +16,8 @@ Measure quality the way the study does (a faster engine variant against float32,
 `beam_rank` through an engine on `device_options()`, `Quality` of the lists, `compare` of two Qualities; a caller
 on its own event loop (the method x engine matrix, `load/matrix.py`) sends `beam_requests` itself and maps the
 results with `beam_ranking`; `mean_interval` is the study's interval of a mean. `study_methods(cfg.methods)` names every method a study runs
-(context variants included); `context_figure(table, x)` draws quality against prompt length (the report's copy).
+(context variants included); `context_figure(table, x)` draws quality against prompt length and `history_figure` quality
+by history length (the report's copies, with `error_bars`, the study's interval bars).
 A checkpoint or prompts the study has not produced raise `StudyError`.
 
 Time the study's own training steps (`perf/trainbench.py`): `training_run(cfg, inputs, method, seed, folder)` is a
@@ -34,11 +35,11 @@ from workbench.study.methods import study_methods
 from workbench.study.pipeline import prepare_context, resolve_stages, run_experiment
 from workbench.study.stages.train import threads_per_worker as training_threads
 from workbench.study.stages.train import training_run
-from workbench.study.summary import context_figure
+from workbench.study.summary import context_figure, error_bars, history_figure
 
 __all__ = [
     "Quality", "StudyError", "StudyInputs", "beam_rank", "beam_ranking", "beam_requests", "compare", "device_options",
-    "context_figure", "inputs_from_context", "mean_interval", "study_methods",
+    "context_figure", "error_bars", "history_figure", "inputs_from_context", "mean_interval", "study_methods",
     "prepare_context", "resolve_stages", "run_experiment", "set_threads", "study_test_prompts", "trained_checkpoint",
     "training_run", "training_threads",
 ]  # fmt: skip

@@ -179,18 +179,52 @@ def context_figure(table, x: str, by: str | None = None):
     return fig
 
 
-def figures(table, trained) -> dict:
+def history_figure(by_history, by: str | None = None):
+    """The comparison by history length (`slices.sliced_table`): NDCG@10 per method (own signal) on each quartile
+    of the test users' history length (top), and each method's difference vs `none` there (bottom), with their
+    seeds-then-users 95% intervals on the quartile's users: an effect confined to short histories shows as a bar
+    off 0 on the left only. `by`: a column (the report's `study`) whose values get groups of their own."""
+    from plotly.colors import qualitative
+    from plotly.subplots import make_subplots
+
+    t = by_history[~by_history["method"].astype(str).str.contains("/")].copy()
+    t["_x"] = t[names.SLICE].astype(str) if by is None else t[by].astype(str) + " · " + t[names.SLICE].astype(str)
+    delta = f"vs_none/{N10}"
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=("NDCG@10", "NDCG@10 - none (same users)"))
+    for i, (method, g) in enumerate(t.groupby("method", sort=False)):
+        color = qualitative.Plotly[i % len(qualitative.Plotly)]  # a method's color in both panels
+        users = g[[names.SLICE_USERS]].to_numpy()
+        fig.add_bar(x=g["_x"], y=g[N10], name=str(method), legendgroup=str(method), marker_color=color,
+                    error_y=error_bars(g, N10), customdata=users, row=1, col=1,
+                    hovertemplate=f"{method} · %{{x}} (%{{customdata[0]}} users): %{{y:.4f}}<extra></extra>")
+        if delta in g and g[delta].notna().any():
+            fig.add_bar(x=g["_x"], y=g[delta], name=str(method), legendgroup=str(method), marker_color=color,
+                        showlegend=False, error_y=error_bars(g, delta), customdata=users, row=2, col=1,
+                        hovertemplate=f"{method} - none · %{{x}} (%{{customdata[0]}} users): %{{y:+.4f}}<extra></extra>")
+    fig.add_hline(y=0, line_color="gray", row=2, col=1)
+    fig.update_layout(title="Quality by user history length (quartiles of train + valid interactions; 95% CI over "
+                            "seeds and the quartile's users)", barmode="group", template="plotly_white", height=640)
+    fig.update_xaxes(title_text="history length (interactions)", row=2, col=1)
+    return fig
+
+
+def error_bars(df, key: str) -> dict:
+    """A bar's asymmetric error bars from the `key_lo` / `key_hi` columns."""
+    return dict(type="data", symmetric=False, array=(df[key + "_hi"] - df[key]).tolist(),
+                arrayminus=(df[key] - df[key + "_lo"]).tolist())
+
+
+def figures(table, trained, by_history=None) -> dict:
     """plotly figures: quality per method with intervals, quality vs prompt length and vs ms/request (each
     method's line across its contexts), validation NDCG@10 against training FLOPs (the compute-matched view),
-    and the user-signal ablation."""
+    the user-signal ablation and, given the table by history length, quality by history length."""
     import plotly.graph_objects as go
 
     figs = {}
     fig = go.Figure()
     for metric in (N10, R10):
-        fig.add_bar(name=metric.split("/")[1], x=table["method"], y=table[metric],
-                    error_y=dict(type="data", symmetric=False, array=table[metric + "_hi"] - table[metric],
-                                 arrayminus=table[metric] - table[metric + "_lo"]))
+        fig.add_bar(name=metric.split("/")[1], x=table["method"], y=table[metric], error_y=error_bars(table, metric))
     fig.update_layout(title="Test quality per method (95% CI over seeds and users; seen items banned)",
                       barmode="group", yaxis_title="value")
     figs["quality_per_method.html"] = fig
@@ -211,10 +245,11 @@ def figures(table, trained) -> dict:
     abl = table[meth.str.contains("/") | meth.map(methods.family).isin(methods.reading_signal())]
     if len(abl):
         fig = go.Figure()
-        fig.add_bar(x=abl["method"], y=abl[N10], error_y=dict(type="data", symmetric=False,
-                    array=abl[N10 + "_hi"] - abl[N10], arrayminus=abl[N10] - abl[N10 + "_lo"]))
+        fig.add_bar(x=abl["method"], y=abl[N10], error_y=error_bars(abl, N10))
         fig.update_layout(title="What the user signal carries: own vs shuffled vs zeroed", yaxis_title="NDCG@10")
         figs["signal_ablation.html"] = fig
+    if by_history is not None and len(by_history):
+        figs["quality_by_history_length.html"] = history_figure(by_history)
     return figs
 
 
@@ -232,5 +267,5 @@ def log_study(ctx, table, trained, by_history=None) -> None:
         if by_history is not None:
             run.log_table(by_history, f"{names.BY_HISTORY}.csv")
             run.log_text(slices_markdown(by_history), f"{names.BY_HISTORY}.md")
-    for name, fig in figures(table, trained).items():
+    for name, fig in figures(table, trained, by_history).items():
         target.log_figure(fig, name)
